@@ -1,0 +1,3 @@
+"""specbench: speculative decoding research framework."""
+
+__version__ = "0.1.0"

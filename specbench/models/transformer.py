@@ -1,0 +1,223 @@
+"""Native Llama-family transformer (Llama 2/3/3.1, SmolLM2, Mistral, Qwen2-style q/k/v bias).
+
+RMSNorm, RoPE (default, linear and llama3 scaling), GQA, SwiGLU, tied or untied embeddings. q/k/v and
+gate/up are fused into one matrix each (one GEMM instead of three / two per layer, which matters on CPU
+where a decode step is weight-streaming bound). The model reads and writes a static `KVCache`; it never
+moves `cache.seq_lens` itself (the engine commits).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specbench.models.attention import AttnMeta, attend
+from specbench.models.cache import KVCache
+from specbench.models.config import ModelConfig
+
+
+@dataclass
+class TargetOutput:
+    logits: Tensor  # [B, n, V]: the positions picked by `logit_index` (n = T when all)
+    hidden: list[Tensor] = field(default_factory=list)  # per requested layer: [B, T, H], pre final norm
+    normed: Tensor | None = None  # [B, T, H] final-normed hidden (what the lm_head sees), on request
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # statistics in float32, then back to the activation dtype before the weight, exactly as HF does
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> Tensor:
+    """Inverse frequencies [D/2] for RoPE, with linear or llama3 (Llama 3.1) scaling."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    rs = cfg.rope_scaling
+    if rs is None:
+        return inv_freq
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "linear":
+        return inv_freq / float(rs["factor"])
+    # llama3: long wavelengths are divided by `factor`, short ones kept, the band between interpolated
+    factor, lo, hi = float(rs["factor"]), float(rs["low_freq_factor"]), float(rs["high_freq_factor"])
+    old_ctx = float(rs["original_max_position_embeddings"])
+    lo_wavelen, hi_wavelen = old_ctx / lo, old_ctx / hi
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > lo_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old_ctx / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < hi_wavelen) * ~(wavelen > lo_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.wqkv = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.attention_bias)
+        self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=False)
+        self.split = (q_dim, kv_dim, kv_dim)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, slots: Tensor,
+        meta: AttnMeta,
+    ) -> Tensor:
+        B, T, _ = x.shape
+        q, k, v = self.wqkv(x).split(self.split, dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim)
+        k = k.view(B, T, self.n_kv, self.head_dim)
+        v = v.view(B, T, self.n_kv, self.head_dim)
+        q = q * cos + rotate_half(q) * sin  # cos/sin [B, T, 1, D]
+        k = k * cos + rotate_half(k) * sin
+        cache.write(layer, k, v, slots)
+        y = attend(q.transpose(1, 2), cache.k[layer], cache.v[layer], meta)
+        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w_gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=cfg.mlp_bias)
+        self.w_down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=cfg.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.w_gate_up(x).chunk(2, dim=-1)
+        return self.w_down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, slots: Tensor,
+                meta: AttnMeta) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, slots, meta)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+def build_mask(seq_lens: Tensor, T: int, kv_len: int, tree_mask: Tensor | None) -> Tensor:
+    """Boolean attention mask [B, 1, T, kv_len]: True = may attend.
+
+    Query t of request b sits in slot seq_lens[b] + t. It sees the whole committed prefix (slots below
+    seq_lens[b]) and, among the T new slots, those `tree_mask[b, t]` allows (causal when None). Slots at
+    or beyond seq_lens[b] + T hold stale or other requests' padding and are never visible.
+    """
+    key = torch.arange(kv_len, device=seq_lens.device)  # [S]
+    if tree_mask is None:
+        q_slot = seq_lens[:, None] + torch.arange(T, device=seq_lens.device)  # [B, T]
+        return (key[None, None, :] <= q_slot[:, :, None])[:, None]
+    B = seq_lens.shape[0]
+    rel = key[None, :] - seq_lens[:, None]  # [B, S] slot relative to the first new token
+    in_new = (rel >= 0) & (rel < T)
+    allowed = torch.gather(tree_mask, 2, rel.clamp(0, T - 1)[:, None, :].expand(B, T, kv_len))  # [B, T, S]
+    return ((rel < 0)[:, None, :] | (in_new[:, None, :] & allowed))[:, None]
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.rope_len = 0
+        self.attention = "sdpa"  # set by the loader via attention.choose_backend
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        self.register_buffer("cos_table", torch.empty(0), persistent=False)
+        self.register_buffer("sin_table", torch.empty(0), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embeddings.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_embeddings.weight.device
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        c = self.config
+        self._ensure_rope(max_len)
+        return KVCache(c.num_layers, batch_size, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
+
+    def _ensure_rope(self, n: int) -> None:
+        if n <= self.rope_len:
+            return
+        # fp32 angles (an outer product, bitwise equal to HF's matmul form), cast to the compute dtype once
+        freqs = torch.arange(n, device=self.device, dtype=torch.float32)[:, None] * self.inv_freq.float()[None]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]
+        self.cos_table, self.sin_table = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        self.rope_len = n
+
+    def forward(
+        self,
+        input_ids: Tensor,  # [B, T]
+        cache: KVCache,
+        *,
+        kv_len: int | None = None,
+        positions: Tensor | None = None,  # [B, T] RoPE positions; default seq_lens + arange(T)
+        tree_mask: Tensor | None = None,  # [B, T, T] bool: node t may see new node u; None = causal
+        logit_index: Tensor | None = None,  # [B, n] which of the T positions get logits; None = all
+        hidden_layers: Sequence[int] = (),  # capture-before-layer ids in 0..N (N = last layer's output)
+        return_normed: bool = False,
+    ) -> TargetOutput:
+        """Run T new tokens per request against the cache; write their k/v at slots seq_lens + arange(T).
+
+        `kv_len` is a host-side upper bound on seq_lens.max() + T, known to the engine without a device
+        sync; attention reads only that many slots. Example: prefill two prompts of lengths 5 and 3 with
+        right padding: input_ids [2, 5], cache.seq_lens = [0, 0], kv_len = 5, logit_index = [[4], [2]].
+        """
+        B, T = input_ids.shape
+        kv_len = cache.max_len if kv_len is None else kv_len
+        arange_t = torch.arange(T, device=input_ids.device)
+        slots = cache.seq_lens[:, None] + arange_t  # [B, T]
+        pos = slots if positions is None else positions
+        self._ensure_rope(int(kv_len))
+        cos = self.cos_table[pos][:, :, None, :]  # [B, T, 1, D]
+        sin = self.sin_table[pos][:, :, None, :]
+        if self.attention == "flash" and tree_mask is None:
+            meta = AttnMeta(kv_len, None, (cache.seq_lens + T).to(torch.int32))
+        else:
+            meta = AttnMeta(kv_len, build_mask(cache.seq_lens, T, kv_len, tree_mask))
+        x = self.tok_embeddings(input_ids)
+        hidden: list[Tensor] = []
+        capture = set(hidden_layers)
+        for i, layer in enumerate(self.layers):
+            if i in capture:
+                hidden.append(x)
+            x = layer(x, cos, sin, cache, i, slots, meta)
+        if len(self.layers) in capture:
+            hidden.append(x)
+        if capture:  # return in the order asked for
+            order = sorted(capture)
+            hidden = [hidden[order.index(i)] for i in hidden_layers]
+        h = self.norm(x)
+        normed = h if return_normed else None
+        if logit_index is not None:
+            h = torch.gather(h, 1, logit_index[:, :, None].expand(-1, -1, h.shape[-1]))
+        return TargetOutput(logits=self.output(h), hidden=hidden, normed=normed)
