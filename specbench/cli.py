@@ -1,0 +1,62 @@
+"""`python -m specbench`: compose the Hydra config, build target (+ drafter), decode, write results.json."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.config import register
+from specbench.errors import UserError
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+GROUPS = ("method", "model", "dataset", "logger", "parallel")
+_in_task = {"flag": False}
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def check_group_overrides(argv: list[str]) -> None:
+    """Reject `method=foo` (and sweeps `method=a,foo`) with one line listing the valid choices."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if not sep or key not in GROUPS:
+            continue
+        valid = group_options(key)
+        for v in value.split(","):
+            if v and v != "null" and v not in valid:
+                raise UserError(f"{key}={v!r} is not a known {key}; valid: {', '.join(valid)}")
+
+
+def _task(cfg: DictConfig) -> None:
+    _in_task["flag"] = True
+    try:
+        from specbench.run import run
+
+        run(cfg)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def main() -> None:
+    register()
+    try:
+        check_group_overrides(sys.argv[1:])
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_task)
+    try:
+        app()
+    except SystemExit as e:
+        # Hydra exits 1 on a config it cannot compose (bad override, wrong type): that is bad input too
+        if e.code == 1 and not _in_task["flag"]:
+            sys.exit(2)
+        raise

@@ -1,0 +1,112 @@
+"""Prompt sets: the builtin set, MT-bench / Spec-Bench style question.jsonl files, HF datasets by name."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from specbench.engine.request import Request
+from specbench.errors import UserError
+
+
+@dataclass
+class Prompt:
+    id: str
+    prompt: str  # the user message
+    category: str | None = None
+
+
+def builtin_prompts() -> list[Prompt]:
+    text = resources.files("specbench.data").joinpath("builtin.jsonl").read_text()
+    return [Prompt(**json.loads(line)) for line in text.splitlines() if line.strip()]
+
+
+def _first_turn(rec: dict, where: str) -> str:
+    """The first user turn of a record: MT-bench `turns`, or `prompt`, or `instruction` (+ `input`)."""
+    if isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
+        return rec["turns"][0]
+    if isinstance(rec.get("prompt"), str):
+        return rec["prompt"]
+    if isinstance(rec.get("instruction"), str):
+        extra = rec.get("input") or ""
+        return rec["instruction"] + (f"\n\n{extra}" if extra else "")
+    raise UserError(f"{where}: record has no 'turns' (list of strings), 'prompt' or 'instruction' field")
+
+
+def jsonl_prompts(path: str) -> list[Prompt]:
+    """MT-bench/Spec-Bench question.jsonl: {question_id, category, turns: [first, second, ...]}; first turn kept."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UserError(f"dataset.path={path!r}: no such file (expected a question.jsonl)")
+    out: list[Prompt] = []
+    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{p}:{n}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise UserError(f"{where}: expected a JSON object per line")
+        rid = rec.get("question_id", rec.get("id", n))
+        out.append(Prompt(id=str(rid), prompt=_first_turn(rec, where), category=rec.get("category")))
+    if not out:
+        raise UserError(f"dataset.path={path!r}: the file holds no records")
+    return out
+
+
+def hf_prompts(name: str, split: str, field: str | None) -> list[Prompt]:
+    """An HF dataset by name (needs `datasets` and a reachable hub or a local cache)."""
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("dataset=hf needs the `datasets` package: pip install datasets") from None
+    try:
+        ds = datasets.load_dataset(name, split=split)
+    except Exception as e:  # noqa: BLE001
+        raise UserError(f"dataset.name={name!r}: cannot load ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    out = []
+    for i, rec in enumerate(ds):
+        text = rec[field] if field else _first_turn(rec, f"{name}[{i}]")
+        out.append(Prompt(id=str(rec.get("question_id", rec.get("id", i))), prompt=text, category=rec.get("category")))
+    return out
+
+
+def load_prompts(kind: str, path: str | None = None, limit: int | None = None, name: str | None = None,
+                 split: str = "train", field: str | None = None) -> list[Prompt]:
+    if kind == "builtin":
+        prompts = builtin_prompts()
+    elif kind == "jsonl":
+        if not path:
+            raise UserError("dataset=jsonl needs dataset.path=/path/to/question.jsonl")
+        prompts = jsonl_prompts(path)
+    elif kind == "hf":
+        if not name:
+            raise UserError("dataset=hf needs dataset.name=<hub dataset id>")
+        prompts = hf_prompts(name, split, field)
+    else:
+        raise UserError(f"dataset kind {kind!r}; valid: builtin, jsonl, hf")
+    if limit is not None:
+        if limit < 1:
+            raise UserError(f"dataset.limit={limit}: must be >= 1 (or null for all)")
+        prompts = prompts[:limit]
+    return prompts
+
+
+def encode_prompt(tokenizer, text: str, chat_template: bool = True, system_prompt: str | None = None) -> list[int]:
+    """Token ids of one user turn, wrapped in the tokenizer's chat template with the generation prompt."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+            {"role": "user", "content": text}]
+        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(ids)
+    return tokenizer.encode(text)
+
+
+def to_requests(prompts: list[Prompt], tokenizer, chat_template: bool = True,
+                system_prompt: str | None = None) -> list[Request]:
+    return [Request(id=p.id, prompt=p.prompt, category=p.category,
+                    prompt_ids=encode_prompt(tokenizer, p.prompt, chat_template, system_prompt)) for p in prompts]

@@ -1,0 +1,31 @@
+"""Requests in and results out of the decode loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Request:
+    id: str
+    prompt: str  # the user message as given
+    prompt_ids: list[int]  # after the chat template
+    category: str | None = None
+
+
+@dataclass
+class RequestResult:
+    request: Request
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = ""  # "eos" | "stop" | "length"
+    accepted_per_step: list[int] = field(default_factory=list)  # drafts accepted at each target step
+    draft_lens: list[int] = field(default_factory=list)  # drafts proposed at each target step
+    t_admit: float = 0.0  # perf_counter when its prefill started
+    t_first: float = 0.0  # when its first token was known on the host
+    chunk_times: list[float] = field(default_factory=list)  # host time of every later token chunk
+    chunk_sizes: list[int] = field(default_factory=list)  # tokens delivered in each chunk
+
+    @property
+    def num_new_tokens(self) -> int:
+        return len(self.output_ids)

@@ -1,0 +1,147 @@
+"""Run metrics and the results.json contract (schema specbench.results/v1, see DESIGN.md).
+
+Names follow vLLM's spec-decode metrics: a step drafts `num_draft_tokens` and accepts
+`num_accepted_tokens` of them; mean acceptance length = 1 + accepted / drafts (the bonus token counts);
+per_position[i] = fraction of drafts whose i-th token was accepted. TPOT is (last token time - first
+token time) / (new tokens - 1) per request, the speed figure for speculation; ITL is the gap between
+successive chunks delivered to a request (a speculative step delivers several tokens at once); TTFT is
+from the start of the request's prefill to its first token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from specbench.engine.request import RequestResult
+
+SCHEMA = "specbench.results/v1"
+
+
+def _stats(xs: list[float]) -> dict[str, float | None]:
+    if not xs:
+        return {"mean": None, "p50": None, "p99": None}
+    a = np.asarray(xs, dtype=np.float64)
+    return {"mean": float(a.mean()), "p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99))}
+
+
+@dataclass
+class AcceptanceStats:
+    """Counters filled once per request step: drafts, draft tokens, accepted tokens, accepted per position."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)  # [i] = drafts whose token i was accepted
+    drafts_per_pos: list[int] = field(default_factory=list)  # [i] = drafts that had a token i
+    histogram: list[int] = field(default_factory=list)  # [j] = steps that accepted exactly j drafts
+
+    def record(self, draft_len: int, accepted: int) -> None:
+        if draft_len == 0:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += draft_len
+        self.num_accepted_tokens += accepted
+        for lst, n in ((self.accepted_per_pos, accepted), (self.drafts_per_pos, draft_len), (self.histogram, accepted + 1)):
+            lst.extend([0] * (n - len(lst)))
+        for i in range(accepted):
+            self.accepted_per_pos[i] += 1
+        for i in range(draft_len):
+            self.drafts_per_pos[i] += 1
+        self.histogram[accepted] += 1
+
+    @classmethod
+    def from_results(cls, results: list[RequestResult]) -> "AcceptanceStats":
+        s = cls()
+        for r in results:
+            for d, a in zip(r.draft_lens, r.accepted_per_step):
+                s.record(d, a)
+        return s
+
+    def summary(self) -> dict:
+        drafts = self.num_drafts
+        return {
+            "num_drafts": drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "mean_acceptance_length": 1.0 + self.num_accepted_tokens / drafts if drafts else None,
+            "acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
+            # vLLM divides by num_drafts at every position (a short draft counts as a miss there)
+            "per_position": [a / drafts for a in self.accepted_per_pos] if drafts else [],
+            "histogram": list(self.histogram),
+        }
+
+
+def latency(results: list[RequestResult]) -> dict:
+    ttft, tpot, itl = [], [], []
+    for r in results:
+        ttft.append((r.t_first - r.t_admit) * 1e3)
+        if r.chunk_times:
+            n_after = sum(r.chunk_sizes)
+            if n_after > 0:
+                tpot.append((r.chunk_times[-1] - r.t_first) * 1e3 / n_after)
+            prev = r.t_first
+            for t in r.chunk_times:
+                itl.append((t - prev) * 1e3)
+                prev = t
+    return {"ttft_ms": _stats(ttft), "tpot_ms": _stats(tpot), "itl_ms": _stats(itl)}
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two outputs differ (a length difference counts); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def build_results(config: dict, results: list[RequestResult], wall_s: float, target_steps: int,
+                  baseline: dict | None = None, baseline_results: list[RequestResult] | None = None,
+                  extra: dict | None = None) -> dict:
+    """Assemble the results.json document. `baseline`: {tokens_per_s, wall_s} of target-only decoding."""
+    new_tokens = sum(r.num_new_tokens for r in results)
+    tps = new_tokens / wall_s if wall_s > 0 else 0.0
+    div = [None] * len(results)
+    match = rate = None
+    greedy = float(config.get("temperature", 0.0)) == 0.0
+    if baseline_results is not None:
+        div = [first_divergence(r.output_ids, b.output_ids) for r, b in zip(results, baseline_results)]
+        rate = sum(d is None for d in div) / len(div) if div else None
+        match = all(d is None for d in div) if greedy else None
+    cats = {}
+    for r in results:
+        cats.setdefault(r.request.category or "default", []).append(r)
+    doc = {
+        "schema": SCHEMA,
+        "config": config,
+        "totals": {"new_tokens": new_tokens, "target_steps": target_steps, "wall_s": wall_s, "tokens_per_s": tps},
+        "acceptance": AcceptanceStats.from_results(results).summary(),
+        "latency": latency(results),
+        "baseline": baseline,
+        "speedup": tps / baseline["tokens_per_s"] if baseline and baseline.get("tokens_per_s") else None,
+        "outputs_match_baseline": match,
+        "baseline_match_rate": rate,
+        "per_category": {
+            c: {"requests": len(rs), "new_tokens": sum(r.num_new_tokens for r in rs),
+                "acceptance": AcceptanceStats.from_results(rs).summary()}
+            for c, rs in sorted(cats.items())
+        },
+        "requests": [
+            {
+                "id": r.request.id,
+                "category": r.request.category,
+                "prompt": r.request.prompt,
+                "prompt_tokens": len(r.request.prompt_ids),
+                "new_tokens": r.num_new_tokens,
+                "accepted_per_step": list(r.accepted_per_step),
+                "text": r.text,
+                "finish_reason": r.finish_reason,
+                "first_divergence": d,
+            }
+            for r, d in zip(results, div)
+        ],
+    }
+    if extra:
+        doc.update(extra)
+    return doc

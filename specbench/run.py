@@ -1,0 +1,127 @@
+"""One run: resolve device/dtype, load the target (once per process), decode the prompts, write results."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.data.prompts import load_prompts, to_requests
+from specbench.engine.loop import Engine, StopCriteria
+from specbench.engine.sampling import SamplingParams
+from specbench.errors import UserError
+from specbench.log import log
+from specbench.metrics.console import format_summary
+from specbench.metrics.results import build_results
+from specbench.models.loading import LoadedModel, load_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TARGETS: dict[tuple, LoadedModel] = {}  # a multirun sweep loads each target once per process
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AVX512-BF16 or AMX: oneDNN runs bf16 GEMMs natively (about 2x fp32 for a weight-bound decode)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return " avx512_bf16" in flags or " amx_bf16" in flags
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device={name!r}; valid: auto, cpu, cuda, cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device={name!r} but CUDA is not available; use device=cpu")
+    return dev
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """auto: bfloat16 on CUDA with bf16 support or a CPU with AVX512-BF16/AMX, else float32."""
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_has_fast_bf16() else torch.float32
+    if name not in DTYPES:
+        raise UserError(f"dtype={name!r}; valid: auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def validate(cfg: DictConfig) -> None:
+    if cfg.batch_size < 1:
+        raise UserError(f"batch_size={cfg.batch_size}: must be >= 1")
+    if cfg.max_new_tokens < 1:
+        raise UserError(f"max_new_tokens={cfg.max_new_tokens}: must be >= 1")
+    if cfg.temperature < 0:
+        raise UserError(f"temperature={cfg.temperature}: must be >= 0 (0 = greedy)")
+    if not 0 < cfg.top_p <= 1:
+        raise UserError(f"top_p={cfg.top_p}: must be in (0, 1]")
+    if cfg.k < 1:
+        raise UserError(f"k={cfg.k}: must be >= 1")
+    for key in ("tp", "pp"):
+        if int(cfg.parallel.get(key, 1)) != 1:
+            raise UserError(f"parallel.{key}={cfg.parallel[key]}: only 1 is supported in this version")
+
+
+def get_target(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    key = (cfg.model.path, str(device), dtype, cfg.cache_dir, cfg.model.attention)
+    if key not in _TARGETS:
+        t = time.perf_counter()
+        _TARGETS[key] = load_model(cfg.model.path, dtype, device, cfg.cache_dir, cfg.model.attention)
+        log(f"loaded {_TARGETS[key].name} ({dtype}, {device}) in {time.perf_counter() - t:.1f}s")
+    return _TARGETS[key]
+
+
+def output_dir() -> Path:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except ValueError:  # not under Hydra (library use)
+        return Path.cwd()
+
+
+def run(cfg: DictConfig) -> dict:
+    validate(cfg)
+    if cfg.threads:
+        torch.set_num_threads(int(cfg.threads))
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype(cfg.dtype, device)
+    prompts = load_prompts(cfg.dataset.name, cfg.dataset.path, cfg.dataset.limit, cfg.dataset.hf_name,
+                           cfg.dataset.split, cfg.dataset.field)
+    target = get_target(cfg, device, dtype)
+    tok = target.tokenizer
+    requests = to_requests(prompts, tok, cfg.model.chat_template, cfg.model.system_prompt)
+    eos = set(target.model.config.eos_token_id)
+    if tok.eos_token_id is not None:
+        eos.add(int(tok.eos_token_id))
+    stop = StopCriteria(frozenset(eos), int(cfg.max_new_tokens), tuple(cfg.stop))
+    params = SamplingParams(float(cfg.temperature), float(cfg.top_p))
+    if cfg.method.name != "none":
+        raise UserError(f"method={cfg.method.name!r}; valid: none")
+    engine = Engine(target.model, tok, batch_size=int(cfg.batch_size), stop=stop, params=params,
+                    seed=int(cfg.seed), progress=bool(cfg.progress))
+    t0 = time.perf_counter()
+    results = engine.run(requests)
+    wall = time.perf_counter() - t0
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["model"]["name"] = cfg.model.name or target.name
+    resolved.update({"device": str(device), "dtype": str(dtype).removeprefix("torch."),
+                     "target": resolved["model"]["name"], "drafter": None,
+                     "tp": int(cfg.parallel.get("tp", 1)), "pp": int(cfg.parallel.get("pp", 1)),
+                     "async": bool(cfg.parallel.get("async", False))})
+    doc = build_results(resolved, results, wall, engine.num_steps)
+    out = output_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(doc, indent=2))
+    print(format_summary(doc))
+    log(f"results: {out / 'results.json'}")
+    return doc
