@@ -1,0 +1,163 @@
+"""`python -m specbench`: results.json per the contract, config composition, bad input -> one line, exit 2."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import open_dict
+
+from conftest import write_jsonl
+from specbench.cli import CONF_DIR, GROUPS, group_options
+from specbench.config import register
+from specbench.errors import UserError
+
+CONTRACT = {"schema", "config", "totals", "acceptance", "latency", "baseline", "speedup", "outputs_match_baseline",
+            "baseline_match_rate", "requests"}
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.run([sys.executable, "-m", "specbench", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _compose(overrides: list[str]):
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+def test_run_writes_results_contract(tmp_path, tiny_dir):
+    data = write_jsonl(tmp_path / "q.jsonl", [
+        {"question_id": 81, "category": "writing", "turns": ["the quick brown fox", "second turn ignored"]},
+        {"question_id": 82, "category": "math", "turns": ["one two three"]},
+        {"question_id": 83, "category": "math", "turns": ["hello world"]},
+    ])
+    out = tmp_path / "run"
+    p = cli(f"model.path={tiny_dir}", "dataset=jsonl", f"dataset.path={data}", "dataset.limit=2",
+            "max_new_tokens=6", "batch_size=2", "progress=false", f"hydra.run.dir={out}", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads((out / "results.json").read_text())
+    assert CONTRACT <= set(doc) and doc["schema"] == "specbench.results/v1"
+    c = doc["config"]
+    for key in ("method", "k", "target", "drafter", "dataset", "temperature", "batch_size", "seed", "device",
+                "dtype", "tp", "pp", "async"):
+        assert key in c, key
+    assert c["method"]["name"] == "none" and c["dtype"] in ("float32", "bfloat16") and c["device"] == "cpu"
+    assert [r["id"] for r in doc["requests"]] == ["81", "82"]
+    assert [r["category"] for r in doc["requests"]] == ["writing", "math"]
+    assert doc["requests"][0]["prompt"] == "the quick brown fox"
+    assert all(r["new_tokens"] == 6 and r["first_divergence"] is None for r in doc["requests"])
+    t = doc["totals"]
+    assert t["new_tokens"] == 12 and t["target_steps"] == 5 and t["tokens_per_s"] > 0
+    assert t["tokens_per_s"] == pytest.approx(t["new_tokens"] / t["wall_s"])
+    a = doc["acceptance"]
+    assert a["num_drafts"] == 0 and a["num_accepted_tokens"] == 0 and a["mean_acceptance_length"] is None
+    assert doc["baseline"] is None and doc["speedup"] is None and doc["outputs_match_baseline"] is None
+    for k in ("ttft_ms", "tpot_ms", "itl_ms"):
+        assert set(doc["latency"][k]) == {"mean", "p50", "p99"} and doc["latency"][k]["p50"] > 0
+    assert "tokens/s" in p.stdout and "specbench summary" in p.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["method=nosuch"], "method='nosuch' is not a known method; valid: none"),
+        (["model.path=/no/such/model"], "model path '/no/such/model' does not exist"),
+        (["batch_size=0"], "batch_size=0"),
+        (["batch_size=abc"], None),  # Hydra's own type check: still exit 2
+    ],
+)
+def test_bad_input_exits_2(tmp_path, args, needle):
+    p = cli(*args, "progress=false", f"hydra.run.dir={tmp_path / 'r'}", cwd=tmp_path)
+    assert p.returncode == 2, p.stderr
+    if needle:
+        lines = [ln for ln in p.stderr.splitlines() if ln.startswith("error:")]
+        assert len(lines) == 1 and needle in lines[0], p.stderr
+        assert "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["dataset=jsonl", "dataset.path=/no/such.jsonl"], "no such file"),
+        (["temperature=-1"], "temperature=-1"),
+        (["k=0"], "k=0"),
+        (["top_p=0"], "top_p=0"),
+        (["dtype=int8"], "dtype='int8'"),
+        (["device=tpu"], "device='tpu'"),
+        (["parallel.tp=2"], "parallel.tp=2"),
+        (["dataset.limit=0"], "dataset.limit=0"),
+    ],
+)
+def test_bad_values_raise_user_errors(overrides, needle, tiny_dir):
+    from specbench.run import run
+
+    cfg = _compose([f"model.path={tiny_dir}", "progress=false", *overrides])
+    with pytest.raises(UserError, match=needle.replace("(", r"\(").replace("[", r"\[")):
+        run(cfg)
+
+
+def test_bad_jsonl_records(tmp_path):
+    from specbench.data.prompts import jsonl_prompts
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": 1, "turns": ["ok"]}\n{not json}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:2: not valid JSON"):
+        jsonl_prompts(str(bad))
+    bad.write_text('{"question_id": 1, "text": "no turns"}\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:1: record has no 'turns'"):
+        jsonl_prompts(str(bad))
+    bad.write_text("\n")
+    with pytest.raises(UserError, match="no records"):
+        jsonl_prompts(str(bad))
+
+
+def test_prompt_longer_than_context_via_run(tmp_path):
+    from conftest import make_hf_model
+    from specbench.run import run
+
+    small = tmp_path / "ctx32"
+    make_hf_model(small, max_pos=32)
+    data = write_jsonl(tmp_path / "q.jsonl", [{"question_id": 1, "turns": ["the quick brown fox " * 20]}])
+    cfg = _compose([f"model.path={small}", "dataset=jsonl", f"dataset.path={data}", "progress=false"])
+    with pytest.raises(UserError, match="context is 32"):
+        run(cfg)
+
+
+def test_mt_bench_first_turns():
+    from specbench.data.prompts import load_prompts
+
+    path = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench" / "question.jsonl"
+    if not path.is_file():
+        pytest.skip("shared/data is not beside this checkout")
+    ps = load_prompts("jsonl", str(path), limit=12)
+    assert len(ps) == 12 and ps[0].id == "81" and ps[0].category == "writing"
+    assert ps[0].prompt.startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
+
+
+def test_every_group_option_composes():
+    for group in GROUPS:
+        for option in group_options(group):
+            extra = {"dataset": {"jsonl": ["dataset.path=x.jsonl"], "hf": ["dataset.hf_name=x"]}}.get(group, {})
+            cfg = _compose([f"{group}={option}", *extra.get(option, [])])
+            if group != "model":  # model.name is a display name (null = derived from the path)
+                assert cfg[group].name == option
+    cfg = _compose([])
+    assert cfg.method.name == "none" and cfg.model.path is None and cfg.dataset.name == "builtin"
+    assert cfg.dtype == "auto" and cfg.batch_size == 1
+
+
+def test_builtin_prompt_set():
+    from specbench.data.prompts import builtin_prompts
+
+    ps = builtin_prompts()
+    cats = {p.category for p in ps}
+    assert len(ps) == 16 and len({p.id for p in ps}) == 16
+    assert {"chat", "code", "math", "summarization", "translation"} <= cats
