@@ -79,20 +79,22 @@ class Engine:
         self.num_steps = 0  # target forwards after the prefills
         slots: list[RequestResult | None] = [None] * B
         pending = deque(requests)
-        results: dict[str, RequestResult] = {}
+        results: dict[int, RequestResult] = {}  # by id(request): ids in a dataset need not be unique
         bar = _progress(len(requests), self.progress)
         n_tokens, t0 = 0, time.perf_counter()
         while pending or any(s is not None for s in slots):
             free = [b for b, s in enumerate(slots) if s is None]
-            while free and pending:
-                b, req = free.pop(0), pending.popleft()
-                res = self._admit(b, req)
-                n_tokens += 1
-                if self._finished(res):
-                    results[req.id] = self._release(b, res, slots, bar)
-                    free.insert(0, b)
-                else:
-                    slots[b] = res
+            while free and pending:  # admit: prefill waiting requests into free rows, together
+                batch = [(b, pending.popleft()) for b in free[: len(pending)]]
+                free = free[len(batch):]
+                for b, res in self._admit(batch):
+                    n_tokens += 1
+                    if self._finished(res):
+                        results[id(res.request)] = self._release(b, res, slots, bar)
+                        free.append(b)
+                    else:
+                        slots[b] = res
+                free.sort()
             if not any(s is not None for s in slots):
                 continue
             tokens = self._step(slots)  # [B, 1]
@@ -104,31 +106,43 @@ class Engine:
                 self._append(res, rows[b], now)
                 n_tokens += res.chunk_sizes[-1]
                 if self._finished(res):
-                    results[res.request.id] = self._release(b, res, slots, bar)
+                    results[id(res.request)] = self._release(b, res, slots, bar)
             if bar is not None:
                 bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - t0):.1f}", refresh=False)
         if bar is not None:
             bar.close()
-        return [results[r.id] for r in requests]
+        return [results[id(r)] for r in requests]
 
     # ---------------------------------------------------------------------------------------- pieces
-    def _admit(self, b: int, req: Request) -> RequestResult:
-        """Prefill request `req` into cache row b and pick its first token."""
-        res = RequestResult(request=req, t_admit=time.perf_counter())
-        ids = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)  # [1, P]
-        row = self.cache.rows(b, b + 1)
-        row.seq_lens.zero_()
-        n = ids.shape[1]
-        out = self.target(ids, row, kv_len=n, logit_index=torch.full((1, 1), n - 1, device=self.device))
-        tok = select(out.logits[:, -1], self.params, self.gen)  # [1]
-        row.seq_lens.fill_(n)
-        self.last[b, 0] = tok[0]
-        self.active[b] = 1
-        self.host_lens[b] = n
-        first = int(tok[0])  # note: host sync, once per admitted request
-        res.t_first = time.perf_counter()
-        res.output_ids.append(first)
-        return res
+    def _admit(self, batch: list[tuple[int, Request]]) -> list[tuple[int, RequestResult]]:
+        """Prefill requests into their cache rows (one right-padded forward per run of adjacent rows) and
+        pick each one's first token."""
+        out: list[tuple[int, RequestResult]] = []
+        firsts: list[Tensor] = []
+        for run in _adjacent_runs(batch):
+            lo, hi = run[0][0], run[-1][0] + 1
+            lens = [len(req.prompt_ids) for _, req in run]
+            P = max(lens)
+            ids = torch.tensor([req.prompt_ids + [0] * (P - n) for (_, req), n in zip(run, lens)],
+                               dtype=torch.long, device=self.device)  # [R, P], right padding
+            t_admit = time.perf_counter()
+            rows = self.cache.rows(lo, hi)
+            rows.seq_lens.zero_()
+            last = torch.tensor(lens, device=self.device)[:, None] - 1  # [R, 1]
+            logits = self.target(ids, rows, kv_len=P, logit_index=last).logits  # [R, 1, V]
+            tok = select(logits, self.params, self.gen)  # [R, 1]
+            rows.seq_lens.copy_(last[:, 0] + 1)
+            self.last[lo:hi] = tok
+            self.active[lo:hi] = 1
+            self.host_lens[lo:hi] = lens
+            firsts.append(tok[:, 0])
+            out += [(b, RequestResult(request=req, t_admit=t_admit)) for b, req in run]
+        first_ids = torch.cat(firsts).tolist()  # note: host sync, once per admission round
+        now = time.perf_counter()
+        for (_, res), tok in zip(out, first_ids):
+            res.t_first = now
+            res.output_ids.append(tok)
+        return out
 
     def _step(self, slots: list[RequestResult | None]) -> Tensor:
         """One target forward for every row: feed the last token, commit it, select the next. [B, 1]."""
@@ -178,6 +192,17 @@ class Engine:
         if bar is not None:
             bar.update(1)
         return res
+
+
+def _adjacent_runs(batch: list[tuple[int, Request]]) -> list[list[tuple[int, Request]]]:
+    """Split (row, request) pairs, sorted by row, into runs of consecutive rows (each is one cache view)."""
+    runs: list[list[tuple[int, Request]]] = []
+    for item in sorted(batch, key=lambda x: x[0]):
+        if runs and runs[-1][-1][0] + 1 == item[0]:
+            runs[-1].append(item)
+        else:
+            runs.append([item])
+    return runs
 
 
 def _progress(total: int, enabled: bool):

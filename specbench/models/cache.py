@@ -46,12 +46,12 @@ class KVCache:
         """A view of requests [start, stop) sharing storage (used to prefill one slot of a running batch)."""
         return KVCache._view(self.k[:, start:stop], self.v[:, start:stop], self.seq_lens[start:stop])
 
-    def write(self, layer: int, k: Tensor, v: Tensor, slots: Tensor) -> None:
-        """Store k/v [B, T, Hkv, D] of the new tokens at cache slots [B, T]."""
-        rows = torch.arange(k.shape[0], device=k.device)[:, None].expand_as(slots)
+    def write(self, layer: int, k: Tensor, v: Tensor, slots: tuple[Tensor, Tensor]) -> None:
+        """Store k/v [B, T, Hkv, D] of the new tokens; slots = (rows [B, T], cache slots [B, T])."""
+        rows, pos = slots
         # advanced indices on dims 0 and 2 of [B, Hkv, S, D] address a [B, T, Hkv, D] block
-        self.k[layer][rows, :, slots] = k
-        self.v[layer][rows, :, slots] = v
+        self.k[layer][rows, :, pos] = k
+        self.v[layer][rows, :, pos] = v
 
     def rollback(self, seq_lens: Tensor) -> None:
         """Keep slots [0, seq_lens[b]) of each request; everything after is stale."""

@@ -35,10 +35,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        # statistics in float32, then back to the activation dtype before the weight, exactly as HF does
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        # statistics in float32, then back to the activation dtype before the weight, as HF does (one fused
+        # kernel instead of five elementwise ops: the decode step is short enough for op count to matter)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 def rope_inv_freq(cfg: ModelConfig) -> Tensor:
@@ -68,6 +67,15 @@ def rotate_half(x: Tensor) -> Tensor:
     return torch.cat((-x2, x1), dim=-1)
 
 
+def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """x * cos + rotate_half(x) * sin, with rotate_half folded into a roll and a sign on sin.
+
+    rotate_half(x) = cat(-x2, x1) = roll(x, D/2) * [-1.., +1..]; the sign lives in `signed_sin` (exact, so the
+    result is bitwise the HF formula) and the roll is one op instead of chunk + neg + cat.
+    """
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -75,20 +83,18 @@ class Attention(nn.Module):
         q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         self.wqkv = nn.Linear(cfg.hidden_size, q_dim + 2 * kv_dim, bias=cfg.attention_bias)
         self.wo = nn.Linear(q_dim, cfg.hidden_size, bias=False)
-        self.split = (q_dim, kv_dim, kv_dim)
+        self.split = (q_dim + kv_dim, kv_dim)  # q and k get RoPE together
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, slots: Tensor,
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, slots: tuple[Tensor, Tensor],
         meta: AttnMeta,
     ) -> Tensor:
         B, T, _ = x.shape
-        q, k, v = self.wqkv(x).split(self.split, dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_dim)
-        k = k.view(B, T, self.n_kv, self.head_dim)
-        v = v.view(B, T, self.n_kv, self.head_dim)
-        q = q * cos + rotate_half(q) * sin  # cos/sin [B, T, 1, D]
-        k = k * cos + rotate_half(k) * sin
-        cache.write(layer, k, v, slots)
+        qk, v = self.wqkv(x).split(self.split, dim=-1)
+        qk = qk.view(B, T, self.n_heads + self.n_kv, self.head_dim)
+        qk = apply_rope(qk, cos, sin)  # cos / signed sin [B, T, 1, D]
+        q, k = qk.split((self.n_heads, self.n_kv), dim=2)
+        cache.write(layer, k, v.view(B, T, self.n_kv, self.head_dim), slots)
         y = attend(q.transpose(1, 2), cache.k[layer], cache.v[layer], meta)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
@@ -112,8 +118,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, slots: Tensor,
-                meta: AttnMeta) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int,
+                slots: tuple[Tensor, Tensor], meta: AttnMeta) -> Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, slots, meta)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -171,7 +177,8 @@ class Transformer(nn.Module):
         # fp32 angles (an outer product, bitwise equal to HF's matmul form), cast to the compute dtype once
         freqs = torch.arange(n, device=self.device, dtype=torch.float32)[:, None] * self.inv_freq.float()[None]
         emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]
-        self.cos_table, self.sin_table = emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+        sign = torch.cat((-torch.ones(emb.shape[-1] // 2), torch.ones(emb.shape[-1] // 2))).to(self.device)
+        self.cos_table, self.sin_table = emb.cos().to(self.dtype), (emb.sin() * sign).to(self.dtype)
         self.rope_len = n
 
     def forward(
@@ -199,18 +206,20 @@ class Transformer(nn.Module):
         pos = slots if positions is None else positions
         self._ensure_rope(int(kv_len))
         cos = self.cos_table[pos][:, :, None, :]  # [B, T, 1, D]
-        sin = self.sin_table[pos][:, :, None, :]
+        sin = self.sin_table[pos][:, :, None, :]  # sin with rotate_half's sign folded in
         if self.attention == "flash" and tree_mask is None:
             meta = AttnMeta(kv_len, None, (cache.seq_lens + T).to(torch.int32))
         else:
             meta = AttnMeta(kv_len, build_mask(cache.seq_lens, T, kv_len, tree_mask))
+        rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, T)
+        write_at = (rows, slots)  # cache.write's advanced index, built once for all layers
         x = self.tok_embeddings(input_ids)
         hidden: list[Tensor] = []
         capture = set(hidden_layers)
         for i, layer in enumerate(self.layers):
             if i in capture:
                 hidden.append(x)
-            x = layer(x, cos, sin, cache, i, slots, meta)
+            x = layer(x, cos, sin, cache, i, write_at, meta)
         if len(self.layers) in capture:
             hidden.append(x)
         if capture:  # return in the order asked for
