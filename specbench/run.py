@@ -70,6 +70,53 @@ def validate(cfg: DictConfig) -> None:
             raise UserError(f"parallel.{key}={cfg.parallel[key]}: only 1 is supported in this version")
 
 
+def method_options() -> list[str]:
+    from specbench.cli import group_options
+
+    return group_options("method")
+
+
+def build_drafter(cfg: DictConfig):
+    """Instantiate `method.drafter` (a `_target_` node); None for method=none."""
+    node = cfg.method.get("drafter")
+    if node is None:
+        return None
+    from hydra.utils import instantiate
+
+    try:
+        drafter = instantiate(node)
+    except Exception as e:  # noqa: BLE001 - Hydra wraps constructor errors
+        cause = e
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        if isinstance(cause, UserError):
+            raise cause from None
+        raise
+    if cfg.k > drafter.max_draft_len:
+        raise UserError(f"k={cfg.k}: method={cfg.method.name} supports k <= {drafter.max_draft_len} "
+                        f"(method.drafter.max_draft_len)")
+    rule = cfg.method.get("acceptance", "auto")
+    from specbench.verify import RULES
+
+    if rule not in RULES:
+        raise UserError(f"method.acceptance={rule!r}; valid: {', '.join(RULES)}")
+    if rule == "typical" and cfg.temperature == 0:
+        raise UserError("method.acceptance=typical needs temperature > 0 (at 0 it is greedy acceptance)")
+    if rule == "greedy" and cfg.temperature > 0:
+        raise UserError(f"method.acceptance=greedy with temperature={cfg.temperature} would not sample from "
+                        "the target distribution; use acceptance=auto or sampling")
+    return drafter
+
+
+def drafter_info(cfg: DictConfig) -> dict | None:
+    node = cfg.method.get("drafter")
+    if node is None:
+        return None
+    info = OmegaConf.to_container(node, resolve=True)
+    return {"name": cfg.method.name, **{k: v for k, v in info.items() if k != "_target_"},
+            "class": info.get("_target_")}
+
+
 def get_target(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     key = (cfg.model.path, str(device), dtype, cfg.cache_dir, cfg.model.attention)
     if key not in _TARGETS:
@@ -104,21 +151,42 @@ def run(cfg: DictConfig) -> dict:
         eos.add(int(tok.eos_token_id))
     stop = StopCriteria(frozenset(eos), int(cfg.max_new_tokens), tuple(cfg.stop))
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p))
-    if cfg.method.name != "none":
-        raise UserError(f"method={cfg.method.name!r}; valid: none")
-    engine = Engine(target.model, tok, batch_size=int(cfg.batch_size), stop=stop, params=params,
-                    seed=int(cfg.seed), progress=bool(cfg.progress))
+    drafter = build_drafter(cfg)
+    rule = str(cfg.method.get("acceptance", "auto"))
+    typical_kw = dict(cfg.method.get("typical") or {}) if rule == "typical" else {}
+
+    def engine(d, max_new: int = int(cfg.max_new_tokens)) -> Engine:
+        return Engine(target.model, tok, batch_size=int(cfg.batch_size),
+                      stop=StopCriteria(stop.eos_ids, max_new, stop.stop_strings), params=params,
+                      seed=int(cfg.seed), progress=bool(cfg.progress) and max_new > 4, drafter=d, k=int(cfg.k),
+                      acceptance=rule if d is not None else "auto", acceptance_kw=typical_kw)
+
+    compare = drafter is not None and bool(cfg.baseline)
+    if compare:  # warm both paths up (one-time kernel setup) so neither side of the ratio pays it
+        engine(drafter, 4).run(requests[:1])
+        engine(None, 4).run(requests[:1])
+    spec = engine(drafter)
     t0 = time.perf_counter()
-    results = engine.run(requests)
+    results = spec.run(requests)
     wall = time.perf_counter() - t0
+    baseline = base_results = None
+    if compare:
+        log("baseline: target-only decoding of the same prompts")
+        base = engine(None)
+        t0 = time.perf_counter()
+        base_results = base.run(requests)
+        bwall = time.perf_counter() - t0
+        btokens = sum(r.num_new_tokens for r in base_results)
+        baseline = {"tokens_per_s": btokens / bwall, "wall_s": bwall, "new_tokens": btokens,
+                    "target_steps": base.num_steps}
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"]["name"] = cfg.model.name or target.name
     resolved.update({"device": str(device), "dtype": str(dtype).removeprefix("torch."),
-                     "target": resolved["model"]["name"], "drafter": None,
+                     "target": resolved["model"]["name"], "drafter": drafter_info(cfg),
                      "tp": int(cfg.parallel.get("tp", 1)), "pp": int(cfg.parallel.get("pp", 1)),
                      "async": bool(cfg.parallel.get("async", False))})
-    doc = build_results(resolved, results, wall, engine.num_steps)
+    doc = build_results(resolved, results, wall, spec.num_steps, baseline, base_results)
     out = output_dir()
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(doc, indent=2))

@@ -34,14 +34,29 @@ def make_tokenizer(folder: Path):
     return fast
 
 
+def make_word_tokenizer(folder: Path, vocab: int):
+    """A word-level tokenizer over words w0..w{vocab-1} (w0 = <unk>, w2 = </s>), for small-vocabulary models."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {f"w{i}": i for i in range(vocab)}
+    tok = Tokenizer(models.WordLevel(words, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="w0", eos_token="w2", bos_token="w1")
+    fast.save_pretrained(str(folder))
+    return fast
+
+
 def make_hf_model(folder: Path, *, arch: str = "llama", seed: int = 0, tie: bool = False,
                   rope_scaling: dict | None = None, layers: int = 2, hidden: int = 64, heads: int = 4,
-                  kv_heads: int = 2, max_pos: int = 256, shard: str | None = None):
+                  kv_heads: int = 2, max_pos: int = 256, shard: str | None = None, vocab: int = TINY_VOCAB,
+                  scale: float = 1.0):
     """Save a random tiny HF model (+ tokenizer) to `folder` and return the HF module (float32, eval)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    common = dict(vocab_size=TINY_VOCAB, hidden_size=hidden, intermediate_size=2 * hidden + 16,
+    common = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden + 16,
                   num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
                   max_position_embeddings=max_pos, tie_word_embeddings=tie, rms_norm_eps=1e-5,
                   bos_token_id=1, eos_token_id=2)
@@ -56,13 +71,16 @@ def make_hf_model(folder: Path, *, arch: str = "llama", seed: int = 0, tie: bool
             if "norm" in n:
                 p.uniform_(0.5, 1.5)
             elif p.dim() == 2:
-                p.normal_(0, 0.08 if "embed" not in n else 1.0)
+                p.normal_(0, (0.08 if "embed" not in n else 1.0) * scale)
             else:
                 p.normal_(0, 0.05)
     model.eval()
     kwargs = {"max_shard_size": shard} if shard else {}
     model.save_pretrained(str(folder), safe_serialization=True, **kwargs)
-    make_tokenizer(folder)
+    if vocab == TINY_VOCAB:
+        make_tokenizer(folder)
+    else:
+        make_word_tokenizer(folder, vocab)
     return model
 
 

@@ -1,12 +1,19 @@
 """The one decode loop: admit requests into batch slots (prefill), step until every request stops.
 
-Batching is slot-based: the KV cache has `batch_size` rows; a request occupies one row from its prefill
-until it stops, and the freed row takes the next waiting request (so short answers do not hold the batch
-back and no request is padded to another's length). Every row has its own length, so rows are at
-different positions all the time.
+    draft = drafter.propose(state)                    # DraftTree [B, N] (empty without a drafter)
+    out = target(root + draft nodes, tree mask)       # logits [B, 1+N, V]
+    verdict = verify(draft, out.logits, ...)          # tokens [B, K+1], num_accepted [B]
+    cache.compact(accepted path); seq_lens += 1 + num_accepted
+    drafter.commit(verdict, state, out)
 
-Host syncs: one per step (`tokens.tolist()`, marked below) to update outputs and stop conditions, and one
-per admission (the first token of the new request).
+Target-only decoding is the same step with an empty draft (N = 0): feed the last token, pick the next.
+
+Batching is slot-based: the KV cache has `batch_size` rows; a request occupies one row from its prefill
+until it stops, and the freed row takes the next waiting request, so short answers do not hold the batch
+back and no request is padded to another's length. Every row has its own length.
+
+Host syncs: one per step (marked below) to update outputs, metrics and stop conditions, and one per
+admission round (the first tokens of the new requests).
 """
 
 from __future__ import annotations
@@ -18,10 +25,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from specbench.drafters.base import Admitted, BatchState, DraftTree, Drafter, Verdict
 from specbench.engine.request import Request, RequestResult
 from specbench.engine.sampling import SamplingParams, select
 from specbench.errors import UserError
 from specbench.models.transformer import Transformer
+from specbench.verify import verify
 
 
 @dataclass
@@ -32,7 +41,7 @@ class StopCriteria:
 
 
 class Engine:
-    """Target-only decoding (and, with a drafter, the shared speculative loop)."""
+    """Target-only or speculative decoding of a list of requests with one target (and optionally a drafter)."""
 
     def __init__(
         self,
@@ -44,14 +53,21 @@ class Engine:
         params: SamplingParams,
         seed: int = 0,
         progress: bool = True,
+        drafter: Drafter | None = None,
+        k: int = 0,
+        acceptance: str = "auto",
+        acceptance_kw: dict | None = None,
     ) -> None:
         if batch_size < 1:
             raise UserError(f"batch_size={batch_size}: must be >= 1")
         self.target, self.tokenizer = target, tokenizer
         self.batch_size, self.stop, self.params = batch_size, stop, params
         self.seed, self.progress = seed, progress
+        self.drafter, self.k = drafter, (k if drafter is not None else 0)
+        self.acceptance, self.acceptance_kw = acceptance, dict(acceptance_kw or {})
         self.context = target.config.max_position_embeddings
         self.device = target.device
+        self.hidden_layers = tuple(drafter.hidden_layers) if drafter is not None else ()
 
     # ------------------------------------------------------------------------------------------ checks
     def check(self, requests: list[Request]) -> None:
@@ -70,12 +86,22 @@ class Engine:
         self.check(requests)
         B = min(self.batch_size, len(requests)) or 1
         longest = max((len(r.prompt_ids) for r in requests), default=1)
-        max_len = min(self.context, longest + self.stop.max_new_tokens + 1)
+        # headroom past the last committed token for one step's draft nodes
+        nodes = self.drafter.max_nodes(self.k) if self.drafter is not None else 0
+        max_len = min(self.context, longest + self.stop.max_new_tokens + 1) + nodes + 2
         self.cache = self.target.new_cache(B, max_len)
         self.gen = torch.Generator(device=self.device).manual_seed(self.seed)
-        self.last = torch.zeros(B, 1, dtype=torch.long, device=self.device)  # [B, 1] token to feed next
-        self.active = torch.zeros(B, dtype=torch.long, device=self.device)  # [B] 1 where a request runs
-        self.host_lens = [0] * B  # mirror of cache.seq_lens, known without syncing
+        self.host_lens = [0] * B  # mirror of cache.seq_lens, known without syncing (updated in place)
+        self.state = BatchState(
+            seq_lens=self.cache.seq_lens,
+            last=torch.zeros(B, 1, dtype=torch.long, device=self.device),
+            active=torch.zeros(B, dtype=torch.long, device=self.device),
+            history=[[] for _ in range(B)],
+            host_lens=self.host_lens,
+            k=self.k,
+        )
+        if self.drafter is not None:
+            self.drafter.setup(self.target, B, max_len, self.k, self.params, self.gen)
         self.num_steps = 0  # target forwards after the prefills
         slots: list[RequestResult | None] = [None] * B
         pending = deque(requests)
@@ -97,14 +123,22 @@ class Engine:
                 free.sort()
             if not any(s is not None for s in slots):
                 continue
-            tokens = self._step(slots)  # [B, 1]
+            verdict, draft_depth = self._step(slots)
             now = time.perf_counter()
-            rows = tokens.tolist()  # note: the one host sync per step
+            # note: the one host sync per step (accepted tokens, counts and draft depths together)
+            packed = torch.cat([verdict.tokens, verdict.num_accepted[:, None], draft_depth[:, None]], 1).tolist()
             for b, res in enumerate(slots):
                 if res is None:
                     continue
-                self._append(res, rows[b], now)
-                n_tokens += res.chunk_sizes[-1]
+                row = packed[b]
+                n_acc, depth = row[-2], row[-1]
+                new = row[: n_acc + 1]
+                self.host_lens[b] += 1 + n_acc
+                self.state.history[b].extend(new)
+                res.accepted_per_step.append(n_acc)
+                res.draft_lens.append(depth)
+                self._append(res, new, now)
+                n_tokens += len(new)
                 if self._finished(res):
                     results[id(res.request)] = self._release(b, res, slots, bar)
             if bar is not None:
@@ -116,9 +150,10 @@ class Engine:
     # ---------------------------------------------------------------------------------------- pieces
     def _admit(self, batch: list[tuple[int, Request]]) -> list[tuple[int, RequestResult]]:
         """Prefill requests into their cache rows (one right-padded forward per run of adjacent rows) and
-        pick each one's first token."""
+        pick each one's first token; the drafter sees the same prompt outputs."""
         out: list[tuple[int, RequestResult]] = []
         firsts: list[Tensor] = []
+        st = self.state
         for run in _adjacent_runs(batch):
             lo, hi = run[0][0], run[-1][0] + 1
             lens = [len(req.prompt_ids) for _, req in run]
@@ -129,31 +164,53 @@ class Engine:
             rows = self.cache.rows(lo, hi)
             rows.seq_lens.zero_()
             last = torch.tensor(lens, device=self.device)[:, None] - 1  # [R, 1]
-            logits = self.target(ids, rows, kv_len=P, logit_index=last).logits  # [R, 1, V]
-            tok = select(logits, self.params, self.gen)  # [R, 1]
+            tout = self.target(ids, rows, kv_len=P, logit_index=last, hidden_layers=self.hidden_layers)
+            tok = select(tout.logits, self.params, self.gen)  # [R, 1]
             rows.seq_lens.copy_(last[:, 0] + 1)
-            self.last[lo:hi] = tok
-            self.active[lo:hi] = 1
+            st.last[lo:hi] = tok
+            st.active[lo:hi] = 1
             self.host_lens[lo:hi] = lens
+            if self.drafter is not None:
+                self.drafter.prefill(list(range(lo, hi)), Admitted(st, ids, lens), tout)
             firsts.append(tok[:, 0])
             out += [(b, RequestResult(request=req, t_admit=t_admit)) for b, req in run]
         first_ids = torch.cat(firsts).tolist()  # note: host sync, once per admission round
         now = time.perf_counter()
-        for (_, res), tok in zip(out, first_ids):
+        for (b, res), tok in zip(out, first_ids):
             res.t_first = now
             res.output_ids.append(tok)
+            st.history[b] = list(res.request.prompt_ids) + [tok]
         return out
 
-    def _step(self, slots: list[RequestResult | None]) -> Tensor:
-        """One target forward for every row: feed the last token, commit it, select the next. [B, 1]."""
-        kv_len = max(n for n, s in zip(self.host_lens, slots) if s is not None) + 1
-        out = self.target(self.last, self.cache, kv_len=kv_len)
+    def _step(self, slots: list[RequestResult | None]) -> tuple[Verdict, Tensor]:
+        """Propose, verify in one target forward, commit. Returns the verdict and each row's draft depth."""
+        st = self.state
+        tree = self.drafter.propose(st) if self.drafter is not None else DraftTree.empty(len(slots), self.device)
+        N = tree.num_nodes
+        inputs = torch.cat([st.last, tree.tokens.clamp(min=0)], 1)  # [B, 1+N]: root, then the nodes
+        kv_len = max(n for n, s in zip(self.host_lens, slots) if s is not None) + 1 + N
+        if tree.is_chain:  # causal order is the chain; padded nodes come after every real one
+            positions, tree_mask, depth = None, None, tree.lens
+        else:
+            depths = tree.depths()
+            positions = st.seq_lens[:, None] + torch.cat([torch.zeros_like(depths[:, :1]), depths], 1)
+            tree_mask = tree.attention_mask()
+            valid = torch.arange(N, device=self.device)[None] < tree.lens[:, None]
+            depth = torch.where(valid, depths, 0).amax(1) if N else tree.lens
+        out = self.target(inputs, self.cache, kv_len=kv_len, positions=positions, tree_mask=tree_mask,
+                          hidden_layers=self.hidden_layers)
         self.num_steps += 1
-        self.cache.seq_lens += self.active  # commit the fed token (idle rows stay at their length)
-        self.host_lens = [n + (s is not None) for n, s in zip(self.host_lens, slots)]
-        tok = select(out.logits, self.params, self.gen)  # [B, 1]
-        self.last.copy_(tok)
-        return tok
+        verdict = verify(tree, out.logits, self.params, self.gen, self.acceptance, **self.acceptance_kw)
+        if not tree.is_chain and tree.depth > 0:  # move the accepted path right after the root
+            dst0 = st.seq_lens + 1
+            own = dst0[:, None] + torch.arange(tree.depth, device=self.device)
+            src = torch.where(verdict.accepted_nodes >= 0, dst0[:, None] + verdict.accepted_nodes, own)
+            self.cache.compact(src, dst0)
+        if self.drafter is not None:
+            self.drafter.commit(verdict, st, out)
+        st.seq_lens += (1 + verdict.num_accepted) * st.active  # commit root + accepted drafts
+        st.last.copy_(verdict.tokens.gather(1, verdict.num_accepted[:, None]))
+        return verdict, depth
 
     def _append(self, res: RequestResult, new: list[int], now: float) -> None:
         res.output_ids.extend(new)
@@ -183,7 +240,9 @@ class Engine:
 
     def _release(self, b: int, res: RequestResult, slots: list, bar) -> RequestResult:
         slots[b] = None
-        self.active[b] = 0
+        self.state.active[b] = 0
+        self.state.seq_lens[b] = 0  # an idle row still takes part in the forward: keep its writes in bounds
+        self.host_lens[b] = 0
         text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
         for s in self.stop.stop_strings:
             if res.finish_reason == "stop" and s in text:

@@ -1,0 +1,128 @@
+"""The drafter interface, the draft tree every strategy proposes, and the method registry.
+
+A chain of k drafts is a tree whose every node has the previous one as parent, so one verification path
+serves chains (draft model, n-gram, MLP speculator), static trees (Medusa) and dynamic trees (EAGLE-2/3).
+
+Node 0 of the verify forward is the *root*: the last committed-but-not-cached token of each request. Draft
+nodes are numbered 0..N-1 and sit at forward positions 1..N; `parents[b, n]` is a node index or -1 (the root).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from specbench.engine.sampling import SamplingParams
+from specbench.models.transformer import TargetOutput
+
+PAD_ID = -1
+
+
+@dataclass
+class DraftTree:
+    tokens: Tensor  # [B, N] int64 draft tokens, PAD_ID past lens
+    parents: Tensor  # [B, N] int64 parent node, -1 = root; parents[b, n] < n
+    lens: Tensor  # [B] int64 valid nodes per request, 0..N
+    probs: Tensor | None = None  # [B, N, V] float32: the draft distribution each node was drawn from
+    #   (the distribution at its parent); None = point-mass drafts (n-gram). Siblings must be drawn
+    #   without replacement in node order (verification removes earlier siblings from q).
+    is_chain: bool = False  # every node's parent is the previous node (no cache compaction needed)
+    depth: int = 0  # host int: max depth of any node (K of this step)
+    width: int = 1  # host int: max children of any node
+
+    @property
+    def num_nodes(self) -> int:
+        return self.tokens.shape[1]
+
+    @staticmethod
+    def chain(tokens: Tensor, lens: Tensor, probs: Tensor | None = None) -> "DraftTree":
+        """A chain per request: tokens [B, K], lens [B]."""
+        B, K = tokens.shape
+        parents = (torch.arange(K, device=tokens.device) - 1).expand(B, K).contiguous()
+        valid = torch.arange(K, device=tokens.device)[None] < lens[:, None]
+        return DraftTree(tokens.masked_fill(~valid, PAD_ID), parents, lens, probs, is_chain=True, depth=K, width=1)
+
+    @staticmethod
+    def empty(batch_size: int, device: torch.device) -> "DraftTree":
+        z = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
+        return DraftTree(z, z.clone(), torch.zeros(batch_size, dtype=torch.long, device=device), None, True, 0, 1)
+
+    def depths(self) -> Tensor:
+        """[B, N] depth of each node (1 = child of the root). Parents precede children, so one pass works."""
+        B, N = self.parents.shape
+        d = torch.zeros(B, N + 1, dtype=torch.long, device=self.parents.device)  # column 0 = root
+        for n in range(N):
+            d[:, n + 1] = d.gather(1, (self.parents[:, n : n + 1] + 1)).squeeze(1) + 1
+        return d[:, 1:]
+
+    def attention_mask(self) -> Tensor:
+        """[B, 1+N, 1+N] bool over (root, nodes): each sees the root, its ancestors and itself; padded
+        nodes see only the root and themselves (their outputs are ignored)."""
+        B, N = self.parents.shape
+        m = torch.zeros(B, N + 1, N + 1, dtype=torch.bool, device=self.parents.device)
+        m[:, :, 0] = True
+        eye = torch.eye(N + 1, dtype=torch.bool, device=m.device)
+        m |= eye
+        for n in range(N):  # row of node n = row of its parent + itself
+            par = self.parents[:, n] + 1  # [B] forward index of the parent
+            m[:, n + 1] |= m[torch.arange(B, device=m.device), par]
+        return m
+
+
+@dataclass
+class Verdict:
+    """What verification decided, per request; fixed shapes so no host sync is needed to build it."""
+
+    tokens: Tensor  # [B, K+1] int64: accepted drafts then the bonus / recovered token, PAD_ID after
+    num_accepted: Tensor  # [B] int64 accepted draft tokens (0..K); tokens[b, num_accepted[b]] is the extra one
+    accepted_nodes: Tensor  # [B, K] int64 tree node index of each accepted token along the path, -1 after
+
+
+@dataclass
+class BatchState:
+    """What a drafter may read about the running batch."""
+
+    seq_lens: Tensor  # [B] tokens in the target cache per row (excludes `last`)
+    last: Tensor  # [B, 1] the newest token per row (sampled, not yet in the target cache)
+    active: Tensor  # [B] 1 where a request runs
+    history: list[list[int]]  # per row: prompt + generated tokens including `last` (host copy)
+    host_lens: list[int]  # per row: seq_lens as known on the host (exact after every step's sync)
+    k: int  # max draft depth this run
+
+
+@dataclass
+class Admitted:
+    """What a drafter's prefill sees: the batch state plus the admitted rows' prompts."""
+
+    state: BatchState
+    prompt_ids: Tensor  # [R, P] int64, right padded
+    prompt_lens: list[int]  # [R] host ints
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    max_draft_len: int  # largest k this strategy supports
+    hidden_layers: tuple[int, ...]  # target capture-before-layer ids it needs (empty = none)
+
+    def max_nodes(self, k: int) -> int:
+        """Most draft nodes one proposal of depth k can hold (k for a chain); sizes the cache headroom."""
+
+    def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams,
+              gen: torch.Generator) -> None:
+        """Allocate per-run state (caches) for `batch_size` rows of up to `max_len` tokens; `params` and
+        `gen` are the run's sampling settings and its one generator."""
+
+    def prefill(self, rows: list[int], admitted: Admitted, target_out: TargetOutput) -> None:
+        """Requests were admitted into adjacent `rows`; target_out holds the target's prompt forward for them
+        (hidden states of `hidden_layers`, [R, P, H]); admitted.state.last[rows] are their first tokens."""
+
+    def propose(self, state: BatchState) -> DraftTree:
+        """Draft up to state.k tokens per active row."""
+
+    def commit(self, verdict: Verdict, state: BatchState, target_out: TargetOutput) -> None:
+        """Verification is done; roll back / advance own state. `state` still holds the values from before
+        this step (seq_lens, last); the new cache length is seq_lens + 1 + verdict.num_accepted and the new
+        `last` is verdict.tokens[b, num_accepted[b]]. target_out: the verify forward's outputs."""

@@ -1,0 +1,104 @@
+"""A small causal LM sharing the target's tokenizer drafts k tokens autoregressively from its own KV cache.
+
+Cache invariant (per row): draft cached tokens + pending tokens = target cached tokens + 1 (the root).
+Pending is the root alone, or — after a step that accepted all k drafts — the k-th draft (never fed to
+the draft model) and the root. The first draft forward always takes two slots ([pending..., pad]) so the
+loop never needs to know on the host which rows have two pending tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from specbench.drafters.base import PAD_ID, Admitted, BatchState, DraftTree, Verdict
+from specbench.engine.sampling import SamplingParams, sample_from, target_probs
+from specbench.errors import UserError
+from specbench.models.loading import load_model
+
+
+class DraftModelDrafter:
+    hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, path: str | None = None, max_draft_len: int = 16, temperature: float | None = None,
+                 cache_dir: str | None = None, model=None) -> None:
+        """path: HF folder / .safetensors / .gguf of the draft model. temperature: the draft's sampling
+        temperature (null = the run's); `model` passes an already built Transformer (tests)."""
+        if path is None and model is None:
+            raise UserError("method=draft_model needs method.drafter.path=<HF folder, .safetensors or .gguf>")
+        self.path, self.max_draft_len, self.temperature = path, max_draft_len, temperature
+        self.cache_dir, self.model = cache_dir, model
+
+    # ------------------------------------------------------------------------------------------ setup
+    def max_nodes(self, k: int) -> int:
+        return k
+
+    def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams,
+              gen: torch.Generator) -> None:
+        if self.model is None:
+            self.model = load_model(self.path, target.dtype, target.device, self.cache_dir).model
+        m, t = self.model.config, target.config
+        if m.vocab_size != t.vocab_size:
+            raise UserError(f"draft model {self.path}: vocab_size {m.vocab_size} != target's {t.vocab_size}; "
+                            "a draft model must share the target's tokenizer")
+        self.device = target.device
+        self.cache = self.model.new_cache(batch_size, max_len + 2)
+        self.pending = torch.zeros(batch_size, 2, dtype=torch.long, device=self.device)  # [B, 2]
+        self.num_pending = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1 or 2
+        t = params.temperature if self.temperature is None else self.temperature
+        self.params, self.gen = SamplingParams(t, params.top_p), gen
+
+    # -------------------------------------------------------------------------------------------- run
+    def prefill(self, rows: list[int], admitted: Admitted, target_out) -> None:
+        lo, hi = rows[0], rows[-1] + 1
+        view = self.cache.rows(lo, hi)
+        view.seq_lens.zero_()
+        P = admitted.prompt_ids.shape[1]
+        self.model(admitted.prompt_ids, view, kv_len=P)  # prompt into the draft cache; logits unused
+        view.seq_lens.copy_(torch.tensor(admitted.prompt_lens, device=self.device))
+        self.pending[lo:hi, 0] = admitted.state.last[lo:hi, 0]
+        self.num_pending[lo:hi] = 1
+
+    def _pick(self, logits: Tensor, gen) -> tuple[Tensor, Tensor | None]:
+        """logits [B, V] -> token [B], draft distribution [B, V] (None when greedy)."""
+        if self.params.greedy:
+            return logits.argmax(-1), None
+        q = target_probs(logits, self.params)
+        return sample_from(q, gen), q
+
+    def propose(self, state: BatchState) -> DraftTree:
+        k, B = state.k, state.last.shape[0]
+        gen = self.gen
+        c = self.cache
+        # first step: the pending token(s); logits at the last real one
+        inp = torch.where(torch.arange(2, device=self.device)[None] < self.num_pending[:, None], self.pending, 0)
+        kv = max(state.host_lens) + 2  # draft cached <= target cached; +2 for the pending slots
+        logits = self.model(inp, c, kv_len=kv, logit_index=(self.num_pending - 1)[:, None]).logits[:, 0]
+        c.seq_lens += self.num_pending * state.active
+        toks, qs = [], []
+        x, q = self._pick(logits, gen)
+        toks.append(x)
+        qs.append(q)
+        for i in range(1, k):
+            logits = self.model(x[:, None], c, kv_len=kv + i).logits[:, 0]
+            c.seq_lens += state.active
+            x, q = self._pick(logits, gen)
+            toks.append(x)
+            qs.append(q)
+        tokens = torch.stack(toks, 1)  # [B, k]
+        probs = None if qs[0] is None else torch.stack(qs, 1)  # [B, k, V]
+        lens = state.active * k
+        return DraftTree.chain(tokens, lens, probs)
+
+    def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
+        k = state.k
+        n_acc = verdict.num_accepted
+        full = n_acc == k  # the k-th draft was never fed to the draft model
+        extra = verdict.tokens.gather(1, n_acc[:, None])[:, 0]  # the new root
+        kth = verdict.tokens[:, max(k - 1, 0)]
+        self.pending[:, 0] = torch.where(full, kth, extra)
+        self.pending[:, 1] = extra
+        self.num_pending = 1 + full.long()
+        # draft cached = target cached (after this step) + 1 - pending
+        new_target = state.seq_lens + 1 + n_acc
+        self.cache.seq_lens.copy_(torch.where(state.active > 0, new_target + 1 - self.num_pending, 0))

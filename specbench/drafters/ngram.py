@@ -1,0 +1,59 @@
+"""Prompt-lookup decoding (n-gram matching): find the context's last n tokens earlier in the context and
+propose what followed them. No model, no state; runs on the host over each request's token history.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specbench.drafters.base import PAD_ID, Admitted, BatchState, DraftTree, Verdict
+from specbench.errors import UserError
+
+
+def lookup(history: list[int] | np.ndarray, k: int, min_n: int, max_n: int) -> list[int]:
+    """Up to k tokens that followed the most recent earlier occurrence of the longest matching suffix.
+
+    Example: history [5, 6, 7, 8, 5, 6], k=3, n in 1..2: the suffix [5, 6] occurred at 0, so propose [7, 8, 5].
+    """
+    h = np.asarray(history, dtype=np.int64)
+    L = len(h)
+    for n in range(min(max_n, L - 1), min_n - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(h[: L - 1], n)  # every earlier n-gram start
+        hits = np.flatnonzero((windows == h[L - n:]).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n  # most recent match; copy what followed it
+            return h[start: start + k].tolist()
+    return []
+
+
+class NgramDrafter:
+    hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, min_n: int = 2, max_n: int = 4, max_draft_len: int = 16) -> None:
+        if not 1 <= min_n <= max_n:
+            raise UserError(f"method.drafter.min_n={min_n}, max_n={max_n}: need 1 <= min_n <= max_n")
+        self.min_n, self.max_n, self.max_draft_len = min_n, max_n, max_draft_len
+
+    def max_nodes(self, k: int) -> int:
+        return k
+
+    def setup(self, target, batch_size: int, max_len: int, k: int, params, gen) -> None:
+        self.device = target.device
+
+    def prefill(self, rows: list[int], admitted: Admitted, target_out) -> None:
+        pass  # stateless: everything it needs is in state.history
+
+    def propose(self, state: BatchState) -> DraftTree:
+        B, k = len(state.history), state.k
+        tokens = torch.full((B, k), PAD_ID, dtype=torch.long)
+        lens = torch.zeros(B, dtype=torch.long)
+        for b, hist in enumerate(state.history):
+            if hist:
+                d = lookup(hist, k, self.min_n, self.max_n)
+                tokens[b, : len(d)] = torch.tensor(d, dtype=torch.long)
+                lens[b] = len(d)
+        return DraftTree.chain(tokens.to(self.device), lens.to(self.device))
+
+    def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
+        pass
