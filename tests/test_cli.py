@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import open_dict
 
 from conftest import write_jsonl
 from specbench.cli import CONF_DIR, GROUPS, group_options
@@ -161,3 +160,57 @@ def test_builtin_prompt_set():
     cats = {p.category for p in ps}
     assert len(ps) == 16 and len({p.id for p in ps}) == 16
     assert {"chat", "code", "math", "summarization", "translation"} <= cats
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft_model"])
+def test_speculative_run_with_baseline(tmp_path, tiny_dir, method, monkeypatch):
+    from specbench.run import run
+
+    extra = [f"method.drafter.path={tiny_dir}"] if method == "draft_model" else []
+    cfg = _compose([f"model.path={tiny_dir}", f"method={method}", "k=3", "max_new_tokens=12", "batch_size=2",
+                    "dtype=float32", "progress=false", "dataset.limit=3", *extra])
+    monkeypatch.chdir(tmp_path)  # outside Hydra results.json goes to the working directory
+    doc = run(cfg)
+    a, reqs = doc["acceptance"], doc["requests"]
+    assert doc["outputs_match_baseline"] is True and doc["baseline_match_rate"] == 1.0
+    assert doc["baseline"]["tokens_per_s"] > 0 and doc["speedup"] == pytest.approx(
+        doc["totals"]["tokens_per_s"] / doc["baseline"]["tokens_per_s"])
+    assert a["num_accepted_tokens"] == sum(sum(r["accepted_per_step"]) for r in reqs)
+    if a["num_drafts"]:
+        assert a["mean_acceptance_length"] == pytest.approx(1 + a["num_accepted_tokens"] / a["num_drafts"])
+        assert len(a["per_position"]) <= 3 and sum(a["histogram"]) == a["num_drafts"]
+    if method == "draft_model":  # the target drafting for itself: everything accepted
+        assert a["acceptance_rate"] == 1.0 and a["per_position"] == [1.0, 1.0, 1.0]
+    assert doc["config"]["drafter"]["name"] == method
+    assert all(r["first_divergence"] is None for r in reqs)
+    assert (tmp_path / "results.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["method=ngram", "k=17"], "k=17: method=ngram supports k <= 16"),
+        (["method=draft_model"], "method=draft_model needs method.drafter.path"),
+        (["method=ngram", "method.acceptance=bogus"], "method.acceptance='bogus'"),
+        (["method=ngram", "method.acceptance=typical"], "typical needs temperature > 0"),
+        (["method=ngram", "method.drafter.min_n=3", "method.drafter.max_n=2"], "min_n=3, max_n=2"),
+    ],
+)
+def test_bad_method_settings(overrides, needle, tiny_dir):
+    from specbench.run import run
+
+    cfg = _compose([f"model.path={tiny_dir}", "progress=false", *overrides])
+    with pytest.raises(UserError, match=needle.replace("(", r"\(")):
+        run(cfg)
+
+
+def test_draft_model_with_another_vocabulary(tmp_path, tiny_dir):
+    from conftest import make_hf_model
+    from specbench.run import run
+
+    other = tmp_path / "v8"
+    make_hf_model(other, vocab=8)
+    cfg = _compose([f"model.path={tiny_dir}", "method=draft_model", f"method.drafter.path={other}",
+                    "progress=false", "dataset.limit=1"])
+    with pytest.raises(UserError, match="vocab_size 8 != target's 384"):
+        run(cfg)

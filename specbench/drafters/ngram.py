@@ -45,14 +45,15 @@ class NgramDrafter:
         pass  # stateless: everything it needs is in state.history
 
     def propose(self, state: BatchState) -> DraftTree:
+        """Host-side lookup per running row; the tree is only as wide as the longest proposal this step,
+        so a step where nothing matched verifies just the root (a plain decode step)."""
         B, k = len(state.history), state.k
-        tokens = torch.full((B, k), PAD_ID, dtype=torch.long)
-        lens = torch.zeros(B, dtype=torch.long)
-        for b, hist in enumerate(state.history):
-            if hist:
-                d = lookup(hist, k, self.min_n, self.max_n)
-                tokens[b, : len(d)] = torch.tensor(d, dtype=torch.long)
-                lens[b] = len(d)
+        drafts = [lookup(h, k, self.min_n, self.max_n) if h else [] for h in state.history]
+        width = max(map(len, drafts))
+        tokens = torch.full((B, width), PAD_ID, dtype=torch.long)
+        for b, d in enumerate(drafts):
+            tokens[b, : len(d)] = torch.tensor(d, dtype=torch.long)
+        lens = torch.tensor([len(d) for d in drafts], dtype=torch.long)
         return DraftTree.chain(tokens.to(self.device), lens.to(self.device))
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:

@@ -243,6 +243,7 @@ class Engine:
         self.state.active[b] = 0
         self.state.seq_lens[b] = 0  # an idle row still takes part in the forward: keep its writes in bounds
         self.host_lens[b] = 0
+        self.state.history[b] = []
         text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
         for s in self.stop.stop_strings:
             if res.finish_reason == "stop" and s in text:
