@@ -27,11 +27,17 @@ class KVCache:
         self.k: Tensor = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self.v: Tensor = torch.zeros(shape, dtype=dtype, device=device)  # [L, B, Hkv, S, D]
         self.seq_lens: Tensor = torch.zeros(batch_size, dtype=torch.long, device=device)  # [B]
+        self._split()
+
+    def _split(self) -> None:
+        # per-layer views [B, Hkv, S, D], made once: indexing self.k[layer] is an op per call on the hot path
+        self.k_layers, self.v_layers = self.k.unbind(0), self.v.unbind(0)
 
     @classmethod
     def _view(cls, k: Tensor, v: Tensor, seq_lens: Tensor) -> "KVCache":
         out = cls.__new__(cls)
         out.k, out.v, out.seq_lens = k, v, seq_lens
+        out._split()
         return out
 
     @property
@@ -50,8 +56,8 @@ class KVCache:
         """Store k/v [B, T, Hkv, D] of the new tokens; slots = (rows [B, T], cache slots [B, T])."""
         rows, pos = slots
         # advanced indices on dims 0 and 2 of [B, Hkv, S, D] address a [B, T, Hkv, D] block
-        self.k[layer][rows, :, pos] = k
-        self.v[layer][rows, :, pos] = v
+        self.k_layers[layer][rows, :, pos] = k
+        self.v_layers[layer][rows, :, pos] = v
 
     def rollback(self, seq_lens: Tensor) -> None:
         """Keep slots [0, seq_lens[b]) of each request; everything after is stale."""
