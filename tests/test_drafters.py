@@ -1,0 +1,123 @@
+"""Contract test over every conf/method/*.yaml with a drafter: proposals have the documented shapes and
+dtypes, stay within max_nodes / depth k, and a full run is token-identical to target-only decoding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hydra.utils import instantiate
+
+from specbench.cli import group_options
+from specbench.drafters.base import DraftTree
+from specbench.engine.loop import Engine, StopCriteria
+from specbench.engine.request import Request
+from specbench.engine.sampling import SamplingParams
+from specbench.models.loading import load_model
+from test_cli import _compose
+
+CPU = torch.device("cpu")
+METHODS = [m for m in group_options("method") if m != "none"]
+PROMPTS = [[5, 17, 99, 3, 250, 7, 8, 5, 17], [40, 41, 42], [300, 3, 9, 11, 12, 300, 3]]
+
+
+def _drafter(method: str, tiny_dir):
+    extra = [f"method.drafter.path={tiny_dir}"] if method == "draft_model" else []
+    cfg = _compose([f"method={method}", *extra])
+    return instantiate(cfg.method.drafter)
+
+
+class Spy:
+    """Wraps a drafter and checks every proposal against the DraftTree contract."""
+
+    def __init__(self, inner, k: int) -> None:
+        self.inner, self.k, self.calls = inner, k, 0
+        self.max_draft_len, self.hidden_layers = inner.max_draft_len, inner.hidden_layers
+
+    def max_nodes(self, k):
+        return self.inner.max_nodes(k)
+
+    def setup(self, *a):
+        self.inner.setup(*a)
+
+    def prefill(self, *a):
+        self.inner.prefill(*a)
+
+    def commit(self, *a):
+        self.inner.commit(*a)
+
+    def propose(self, state) -> DraftTree:
+        t = self.inner.propose(state)
+        B, N = t.tokens.shape
+        assert t.tokens.dtype == torch.long and t.parents.dtype == torch.long and t.lens.dtype == torch.long
+        assert t.parents.shape == (B, N) and t.lens.shape == (B,) and N <= self.inner.max_nodes(self.k)
+        assert (t.lens >= 0).all() and (t.lens <= N).all() and t.depth <= self.k
+        assert (t.parents < torch.arange(N)).all() and (t.parents >= -1).all()
+        assert (t.lens * (1 - state.active) == 0).all()  # idle rows propose nothing
+        if N:
+            assert int(t.depths().max()) <= t.depth
+        if t.probs is not None:
+            assert t.probs.shape == (B, N, state_vocab(state)) and t.probs.dtype == torch.float32
+        self.calls += 1
+        return t
+
+
+def state_vocab(state) -> int:
+    return Spy.vocab  # set by the test: the target's vocabulary
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_method_contract(method, temperature, tiny_dir):
+    lm = load_model(str(tiny_dir), torch.float32, CPU)
+    Spy.vocab = lm.model.config.vocab_size
+    k = 3
+    params = SamplingParams(temperature=temperature)
+    reqs = [Request(id=str(i), prompt="", prompt_ids=p) for i, p in enumerate(PROMPTS)]
+
+    def run(drafter):
+        e = Engine(lm.model, lm.tokenizer, batch_size=2, stop=StopCriteria(frozenset(), 10), params=params,
+                   seed=1, progress=False, drafter=drafter, k=k if drafter else 0)
+        return [r.output_ids for r in e.run(reqs)]
+
+    spy = Spy(_drafter(method, tiny_dir), k)
+    out = run(spy)
+    assert spy.calls > 0 and all(len(o) == 10 for o in out)
+    if temperature == 0.0:
+        assert out == run(None)
+
+
+@pytest.mark.slow
+def test_embedded_greedy_identity_every_drafter(embedded, tmp_path):
+    """fp32, the embedded SmolLM2: ngram and a draft model (the target's first 2 layers) give exactly the
+    target-only greedy output, batch 2."""
+    from safetensors.torch import save_file
+
+    import json
+    from pathlib import Path
+
+    from specbench.data.prompts import builtin_prompts, to_requests
+    from specbench.drafters.draft_model import DraftModelDrafter
+    from specbench.drafters.ngram import NgramDrafter
+    from specbench.models.loading import hf_state_dict
+
+    cfg = json.loads((Path(embedded.path) / "config.json").read_text())
+    cfg["num_hidden_layers"] = 2
+    sd = {k: v.contiguous() for k, v in hf_state_dict(embedded.model).items()
+          if not k.startswith("model.layers.") or int(k.split(".")[2]) < 2}
+    save_file(sd, str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    embedded.tokenizer.save_pretrained(str(tmp_path))
+    draft = load_model(str(tmp_path), torch.float32, CPU)
+    tok = embedded.tokenizer
+    reqs = to_requests([builtin_prompts()[i] for i in (3, 6, 12)], tok)
+
+    def run(drafter, k):
+        e = Engine(embedded.model, tok, batch_size=2, stop=StopCriteria(frozenset({tok.eos_token_id}), 40),
+                   params=SamplingParams(), progress=False, drafter=drafter, k=k)
+        return [r.output_ids for r in e.run(reqs)], e.num_steps
+
+    ref, ref_steps = run(None, 0)
+    for drafter in (NgramDrafter(min_n=1, max_n=3), DraftModelDrafter(model=draft.model)):
+        out, steps = run(drafter, 3)
+        assert out == ref, type(drafter).__name__
+        assert steps < ref_steps  # some drafts were accepted
