@@ -14,7 +14,7 @@ from specbench.engine.loop import Engine, StopCriteria
 from specbench.engine.sampling import SamplingParams
 from specbench.errors import UserError
 from specbench.log import log
-from specbench.metrics.console import format_summary
+from specbench.metrics.sinks import build_sinks
 from specbench.metrics.results import build_results
 from specbench.models.loading import LoadedModel, load_model
 
@@ -126,6 +126,18 @@ def get_target(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> Loa
     return _TARGETS[key]
 
 
+def sweep_group() -> str | None:
+    """The multirun sweep folder's name (runs of one sweep share a W&B group); None for a single run."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        hc = HydraConfig.get()
+        return Path(hc.sweep.dir).name if hc.mode == RunMode.MULTIRUN else None
+    except ValueError:
+        return None
+
+
 def output_dir() -> Path:
     try:
         from hydra.core.hydra_config import HydraConfig
@@ -155,41 +167,52 @@ def run(cfg: DictConfig) -> dict:
     rule = str(cfg.method.get("acceptance", "auto"))
     typical_kw = dict(cfg.method.get("typical") or {}) if rule == "typical" else {}
 
-    def engine(d, max_new: int = int(cfg.max_new_tokens)) -> Engine:
-        return Engine(target.model, tok, batch_size=int(cfg.batch_size),
-                      stop=StopCriteria(stop.eos_ids, max_new, stop.stop_strings), params=params,
-                      seed=int(cfg.seed), progress=bool(cfg.progress) and max_new > 4, drafter=d, k=int(cfg.k),
-                      acceptance=rule if d is not None else "auto", acceptance_kw=typical_kw)
-
-    compare = drafter is not None and bool(cfg.baseline)
-    if compare:  # warm both paths up (one-time kernel setup) so neither side of the ratio pays it
-        engine(drafter, 4).run(requests[:1])
-        engine(None, 4).run(requests[:1])
-    spec = engine(drafter)
-    t0 = time.perf_counter()
-    results = spec.run(requests)
-    wall = time.perf_counter() - t0
-    baseline = base_results = None
-    if compare:
-        log("baseline: target-only decoding of the same prompts")
-        base = engine(None)
-        t0 = time.perf_counter()
-        base_results = base.run(requests)
-        bwall = time.perf_counter() - t0
-        btokens = sum(r.num_new_tokens for r in base_results)
-        baseline = {"tokens_per_s": btokens / bwall, "wall_s": bwall, "new_tokens": btokens,
-                    "target_steps": base.num_steps}
-
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"]["name"] = cfg.model.name or target.name
     resolved.update({"device": str(device), "dtype": str(dtype).removeprefix("torch."),
                      "target": resolved["model"]["name"], "drafter": drafter_info(cfg),
                      "tp": int(cfg.parallel.get("tp", 1)), "pp": int(cfg.parallel.get("pp", 1)),
                      "async": bool(cfg.parallel.get("async", False))})
-    doc = build_results(resolved, results, wall, spec.num_steps, baseline, base_results)
     out = output_dir()
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(doc, indent=2))
-    print(format_summary(doc))
+    sinks = build_sinks(OmegaConf.to_container(cfg.logger, resolve=True), resolved, out, sweep_group())
+
+    def engine(d, max_new: int = int(cfg.max_new_tokens), on_step=None) -> Engine:
+        return Engine(target.model, tok, batch_size=int(cfg.batch_size),
+                      stop=StopCriteria(stop.eos_ids, max_new, stop.stop_strings), params=params,
+                      seed=int(cfg.seed), progress=bool(cfg.progress) and max_new > 4, drafter=d, k=int(cfg.k),
+                      acceptance=rule if d is not None else "auto", acceptance_kw=typical_kw, on_step=on_step)
+
+    def on_step(rec) -> None:
+        for s in sinks:
+            s.step(rec)
+
+    try:
+        compare = drafter is not None and bool(cfg.baseline)
+        if compare:  # warm both paths up (one-time kernel setup) so neither side of the ratio pays it
+            engine(drafter, 4).run(requests[:1])
+            engine(None, 4).run(requests[:1])
+        spec = engine(drafter, on_step=on_step)
+        t0 = time.perf_counter()
+        results = spec.run(requests)
+        wall = time.perf_counter() - t0
+        baseline = base_results = None
+        if compare:
+            log("baseline: target-only decoding of the same prompts")
+            base = engine(None)
+            t0 = time.perf_counter()
+            base_results = base.run(requests)
+            bwall = time.perf_counter() - t0
+            btokens = sum(r.num_new_tokens for r in base_results)
+            baseline = {"tokens_per_s": btokens / bwall, "wall_s": bwall, "new_tokens": btokens,
+                        "target_steps": base.num_steps, "timing": dict(base.timing)}
+        doc = build_results(resolved, results, wall, spec.num_steps, baseline, base_results,
+                            extra={"timing": dict(spec.timing)})
+        (out / "results.json").write_text(json.dumps(doc, indent=2))
+        for s in sinks:
+            s.summary(doc)
+    finally:
+        for s in sinks:
+            s.close()
     log(f"results: {out / 'results.json'}")
     return doc

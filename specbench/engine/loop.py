@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -31,6 +32,21 @@ from specbench.engine.sampling import SamplingParams, select
 from specbench.errors import UserError
 from specbench.models.transformer import Transformer
 from specbench.verify import verify
+
+
+@dataclass
+class StepRecord:
+    """One target step, as the metric sinks see it (after the step's host sync)."""
+
+    step: int
+    t: float  # seconds since the run started
+    num_active: int  # requests in the batch this step
+    num_draft_tokens: int  # summed over requests (tree: deepest draft per request)
+    num_accepted_tokens: int
+    accepted_per_pos: list[int]  # [i] = requests whose i-th draft was accepted this step
+    draft_ms: float  # host time in drafter.propose (on CUDA: launch time unless the drafter syncs)
+    verify_ms: float  # target forward + acceptance rule + cache commit + drafter.commit
+    step_ms: float  # the whole step including the host sync
 
 
 @dataclass
@@ -57,6 +73,7 @@ class Engine:
         k: int = 0,
         acceptance: str = "auto",
         acceptance_kw: dict | None = None,
+        on_step: Callable[[StepRecord], None] | None = None,
     ) -> None:
         if batch_size < 1:
             raise UserError(f"batch_size={batch_size}: must be >= 1")
@@ -68,6 +85,7 @@ class Engine:
         self.context = target.config.max_position_embeddings
         self.device = target.device
         self.hidden_layers = tuple(drafter.hidden_layers) if drafter is not None else ()
+        self.on_step = on_step
 
     # ------------------------------------------------------------------------------------------ checks
     def check(self, requests: list[Request]) -> None:
@@ -103,6 +121,7 @@ class Engine:
         if self.drafter is not None:
             self.drafter.setup(self.target, B, max_len, self.k, self.params, self.gen)
         self.num_steps = 0  # target forwards after the prefills
+        self.timing = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "step_s": 0.0}
         slots: list[RequestResult | None] = [None] * B
         pending = deque(requests)
         results: dict[int, RequestResult] = {}  # by id(request): ids in a dataset need not be unique
@@ -123,15 +142,27 @@ class Engine:
                 free.sort()
             if not any(s is not None for s in slots):
                 continue
+            t_step = time.perf_counter()
             verdict, draft_depth = self._step(slots)
-            now = time.perf_counter()
             # note: the one host sync per step (accepted tokens, counts and draft depths together)
             packed = torch.cat([verdict.tokens, verdict.num_accepted[:, None], draft_depth[:, None]], 1).tolist()
+            now = time.perf_counter()
+            rec = StepRecord(self.num_steps, now - t0, 0, 0, 0, [], self._t_draft * 1e3,
+                             (now - t_step - self._t_draft) * 1e3, (now - t_step) * 1e3)
+            self.timing["step_s"] += now - t_step
+            self.timing["draft_s"] += self._t_draft
+            self.timing["verify_s"] += now - t_step - self._t_draft
             for b, res in enumerate(slots):
                 if res is None:
                     continue
                 row = packed[b]
                 n_acc, depth = row[-2], row[-1]
+                rec.num_active += 1
+                rec.num_draft_tokens += depth
+                rec.num_accepted_tokens += n_acc
+                rec.accepted_per_pos.extend([0] * (n_acc - len(rec.accepted_per_pos)))
+                for i in range(n_acc):
+                    rec.accepted_per_pos[i] += 1
                 new = row[: n_acc + 1]
                 self.host_lens[b] += 1 + n_acc
                 self.state.history[b].extend(new)
@@ -141,6 +172,8 @@ class Engine:
                 n_tokens += len(new)
                 if self._finished(res):
                     results[id(res.request)] = self._release(b, res, slots, bar)
+            if self.on_step is not None:
+                self.on_step(rec)
             if bar is not None:
                 bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - t0):.1f}", refresh=False)
         if bar is not None:
@@ -176,6 +209,7 @@ class Engine:
             out += [(b, RequestResult(request=req, t_admit=t_admit)) for b, req in run]
         first_ids = torch.cat(firsts).tolist()  # note: host sync, once per admission round
         now = time.perf_counter()
+        self.timing["prefill_s"] += now - out[0][1].t_admit
         for (b, res), tok in zip(out, first_ids):
             res.t_first = now
             res.output_ids.append(tok)
@@ -185,7 +219,9 @@ class Engine:
     def _step(self, slots: list[RequestResult | None]) -> tuple[Verdict, Tensor]:
         """Propose, verify in one target forward, commit. Returns the verdict and each row's draft depth."""
         st = self.state
+        t = time.perf_counter()
         tree = self.drafter.propose(st) if self.drafter is not None else DraftTree.empty(len(slots), self.device)
+        self._t_draft = time.perf_counter() - t
         N = tree.num_nodes
         inputs = torch.cat([st.last, tree.tokens.clamp(min=0)], 1)  # [B, 1+N]: root, then the nodes
         kv_len = max(n for n, s in zip(self.host_lens, slots) if s is not None) + 1 + N

@@ -88,6 +88,15 @@ def latency(results: list[RequestResult]) -> dict:
     return {"ttft_ms": _stats(ttft), "tpot_ms": _stats(tpot), "itl_ms": _stats(itl)}
 
 
+def _request_wall(r: RequestResult) -> float:
+    return (r.chunk_times[-1] if r.chunk_times else r.t_first) - r.t_admit
+
+
+def _request_rate(rs: list[RequestResult]) -> float | None:
+    wall = sum(_request_wall(r) for r in rs)
+    return sum(r.num_new_tokens for r in rs) / wall if wall > 0 else None
+
+
 def first_divergence(a: list[int], b: list[int]) -> int | None:
     """Index of the first token where two outputs differ (a length difference counts); None if equal."""
     for i, (x, y) in enumerate(zip(a, b)):
@@ -109,9 +118,21 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
         div = [first_divergence(r.output_ids, b.output_ids) for r, b in zip(results, baseline_results)]
         rate = sum(d is None for d in div) / len(div) if div else None
         match = all(d is None for d in div) if greedy else None
-    cats = {}
-    for r in results:
-        cats.setdefault(r.request.category or "default", []).append(r)
+    cats: dict[str, list[int]] = {}
+    for i, r in enumerate(results):
+        cats.setdefault(r.request.category or "default", []).append(i)
+
+    def cat_entry(idx: list[int]) -> dict:
+        rs = [results[i] for i in idx]
+        entry = {"requests": len(rs), "new_tokens": sum(r.num_new_tokens for r in rs),
+                 "acceptance": AcceptanceStats.from_results(rs).summary(),
+                 "tokens_per_s": _request_rate(rs), "baseline_tokens_per_s": None, "speedup": None}
+        if baseline_results is not None:
+            entry["baseline_tokens_per_s"] = _request_rate([baseline_results[i] for i in idx])
+            if entry["baseline_tokens_per_s"]:
+                entry["speedup"] = entry["tokens_per_s"] / entry["baseline_tokens_per_s"]
+        return entry
+
     doc = {
         "schema": SCHEMA,
         "config": config,
@@ -122,11 +143,9 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
         "speedup": tps / baseline["tokens_per_s"] if baseline and baseline.get("tokens_per_s") else None,
         "outputs_match_baseline": match,
         "baseline_match_rate": rate,
-        "per_category": {
-            c: {"requests": len(rs), "new_tokens": sum(r.num_new_tokens for r in rs),
-                "acceptance": AcceptanceStats.from_results(rs).summary()}
-            for c, rs in sorted(cats.items())
-        },
+        # per category: tokens over the requests' own decode time (admission to last token); with
+        # batch_size > 1 requests overlap, so these rates compare categories, not absolute throughput
+        "per_category": {c: cat_entry(idx) for c, idx in sorted(cats.items())},
         "requests": [
             {
                 "id": r.request.id,
@@ -134,6 +153,7 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
                 "prompt": r.request.prompt,
                 "prompt_tokens": len(r.request.prompt_ids),
                 "new_tokens": r.num_new_tokens,
+                "wall_s": _request_wall(r),
                 "accepted_per_step": list(r.accepted_per_step),
                 "text": r.text,
                 "finish_reason": r.finish_reason,

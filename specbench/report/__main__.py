@@ -1,0 +1,4 @@
+from specbench.report.report import main
+
+if __name__ == "__main__":
+    main()
