@@ -14,7 +14,7 @@ from specbench.config import register
 from specbench.errors import UserError
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-GROUPS = ("method", "model", "dataset", "logger", "parallel")
+GROUPS = ("method", "model", "dataset", "logger", "parallel", "experiment")
 _in_task = {"flag": False}
 
 

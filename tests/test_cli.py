@@ -142,7 +142,7 @@ def test_mt_bench_first_turns():
 
 
 def test_every_group_option_composes():
-    for group in GROUPS:
+    for group in (g for g in GROUPS if g != "experiment"):  # experiments: test_experiments_and_launcher_compose
         for option in group_options(group):
             extra = {"dataset": {"jsonl": ["dataset.path=x.jsonl"], "hf": ["dataset.hf_name=x"]}}.get(group, {})
             cfg = _compose([f"{group}={option}", *extra.get(option, [])])
@@ -214,3 +214,19 @@ def test_draft_model_with_another_vocabulary(tmp_path, tiny_dir):
                     "progress=false", "dataset.limit=1"])
     with pytest.raises(UserError, match="vocab_size 8 != target's 384"):
         run(cfg)
+
+
+def test_experiments_and_launcher_compose():
+    from specbench.cli import group_options
+
+    for exp in group_options("experiment"):
+        cfg = _compose([f"experiment={exp}"])
+        assert cfg.method.name in group_options("method")
+    cfg = _compose(["experiment=mt_bench_ngram"])
+    assert cfg.method.name == "ngram" and cfg.dataset.name == "jsonl" and cfg.dataset.limit == 16
+    register()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        hc = compose("config", overrides=["hydra/launcher=specbench_slurm", "experiment=mt_bench_ngram"],
+                     return_hydra_config=True)
+    assert hc.hydra.launcher.gpus_per_node == 1 and "submitit" in hc.hydra.launcher._target_
+    assert str(hc.hydra.sweeper.params.k) == "2,3,4,5"
