@@ -27,6 +27,7 @@ class DatasetSchema:
     name: str = "builtin"  # builtin | jsonl | hf
     path: Optional[str] = None  # jsonl: a question.jsonl (MT-bench / Spec-Bench format)
     limit: Optional[int] = None  # keep the first N prompts
+    per_category: Optional[int] = None  # keep the first N prompts of each category (applied before limit)
     hf_name: Optional[str] = None  # hf: dataset id on the hub
     split: str = "train"  # hf: split
     field: Optional[str] = None  # hf: column holding the prompt (default: turns/prompt/instruction)

@@ -154,7 +154,7 @@ def run(cfg: DictConfig) -> dict:
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
     prompts = load_prompts(cfg.dataset.name, cfg.dataset.path, cfg.dataset.limit, cfg.dataset.hf_name,
-                           cfg.dataset.split, cfg.dataset.field)
+                           cfg.dataset.split, cfg.dataset.field, cfg.dataset.per_category)
     target = get_target(cfg, device, dtype)
     tok = target.tokenizer
     requests = to_requests(prompts, tok, cfg.model.chat_template, cfg.model.system_prompt)

@@ -223,10 +223,21 @@ def test_experiments_and_launcher_compose():
         cfg = _compose([f"experiment={exp}"])
         assert cfg.method.name in group_options("method")
     cfg = _compose(["experiment=mt_bench_ngram"])
-    assert cfg.method.name == "ngram" and cfg.dataset.name == "jsonl" and cfg.dataset.limit == 16
+    assert cfg.method.name == "ngram" and cfg.dataset.name == "jsonl" and cfg.dataset.per_category == 2
     register()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         hc = compose("config", overrides=["hydra/launcher=specbench_slurm", "experiment=mt_bench_ngram"],
                      return_hydra_config=True)
     assert hc.hydra.launcher.gpus_per_node == 1 and "submitit" in hc.hydra.launcher._target_
     assert str(hc.hydra.sweeper.params.k) == "2,3,4,5"
+
+
+def test_per_category_selection():
+    from specbench.data.prompts import load_prompts
+
+    path = Path(__file__).resolve().parents[2] / "shared" / "data" / "mt_bench" / "question.jsonl"
+    if not path.is_file():
+        pytest.skip("shared/data is not beside this checkout")
+    ps = load_prompts("jsonl", str(path), per_category=2)
+    cats = [p.category for p in ps]
+    assert len(ps) == 16 and all(cats.count(c) == 2 for c in set(cats)) and len(set(cats)) == 8

@@ -76,9 +76,9 @@ def test_report_numbers_equal_results(sweep, tmp_path):
     assert len(rows) == 4
     for row, d in zip(rows, docs):
         assert row[0] == d["config"]["method"]["name"]
-        assert row[4] == f"{d['totals']['tokens_per_s']:.1f}"
-        assert row[5] == ("-" if d["speedup"] is None else f"{d['speedup']:.2f}")
-        assert row[10] == f"{d['latency']['tpot_ms']['p50']:.1f}"
+        assert row[5] == f"{d['totals']['tokens_per_s']:.1f}"
+        assert row[6] == ("-" if d["speedup"] is None else f"{d['speedup']:.2f}")
+        assert row[11] == f"{d['latency']['tpot_ms']['p50']:.1f}"
     assert (tmp_path / "speedup_vs_k.png").stat().st_size > 1000
     assert (tmp_path / "per_position.png").is_file() and (tmp_path / "report.md").is_file()
 

@@ -76,7 +76,7 @@ def hf_prompts(name: str, split: str, field: str | None) -> list[Prompt]:
 
 
 def load_prompts(kind: str, path: str | None = None, limit: int | None = None, name: str | None = None,
-                 split: str = "train", field: str | None = None) -> list[Prompt]:
+                 split: str = "train", field: str | None = None, per_category: int | None = None) -> list[Prompt]:
     if kind == "builtin":
         prompts = builtin_prompts()
     elif kind == "jsonl":
@@ -89,6 +89,16 @@ def load_prompts(kind: str, path: str | None = None, limit: int | None = None, n
         prompts = hf_prompts(name, split, field)
     else:
         raise UserError(f"dataset kind {kind!r}; valid: builtin, jsonl, hf")
+    if per_category is not None:  # the first N of each category, in file order (MT-bench is sorted by category)
+        if per_category < 1:
+            raise UserError(f"dataset.per_category={per_category}: must be >= 1 (or null for all)")
+        seen: dict[str | None, int] = {}
+        kept = []
+        for p in prompts:
+            seen[p.category] = seen.get(p.category, 0) + 1
+            if seen[p.category] <= per_category:
+                kept.append(p)
+        prompts = kept
     if limit is not None:
         if limit < 1:
             raise UserError(f"dataset.limit={limit}: must be >= 1 (or null for all)")
