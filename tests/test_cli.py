@@ -241,3 +241,20 @@ def test_per_category_selection():
     ps = load_prompts("jsonl", str(path), per_category=2)
     cats = [p.category for p in ps]
     assert len(ps) == 16 and all(cats.count(c) == 2 for c in set(cats)) and len(set(cats)) == 8
+
+
+def test_hf_dataset_by_name(tmp_path, monkeypatch):
+    """dataset=hf goes through datasets.load_dataset; a local dataset folder stands in for a hub id."""
+    pytest.importorskip("datasets")
+    from specbench.data.prompts import load_prompts
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder = tmp_path / "my_prompts"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", [{"question_id": 7, "category": "math", "turns": ["one two three"]},
+                                         {"id": "b", "instruction": "Say hi", "input": "politely"}])
+    ps = load_prompts("hf", name=str(folder), split="train")
+    assert [(p.id, p.category, p.prompt) for p in ps] == [("7", "math", "one two three"),
+                                                          ("b", None, "Say hi\n\npolitely")]
+    with pytest.raises(UserError, match="cannot load"):
+        load_prompts("hf", name=str(tmp_path / "missing"), split="train")

@@ -71,7 +71,8 @@ def hf_prompts(name: str, split: str, field: str | None) -> list[Prompt]:
     out = []
     for i, rec in enumerate(ds):
         text = rec[field] if field else _first_turn(rec, f"{name}[{i}]")
-        out.append(Prompt(id=str(rec.get("question_id", rec.get("id", i))), prompt=text, category=rec.get("category")))
+        rid = next((rec[k] for k in ("question_id", "id") if rec.get(k) is not None), i)  # columns are unified
+        out.append(Prompt(id=str(rid), prompt=text, category=rec.get("category")))
     return out
 
 

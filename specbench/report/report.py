@@ -126,6 +126,7 @@ def plots(rows: list[Row], out: Path) -> list[Path]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     made = []
     spec = [r for r in rows if r.method != "none"]
@@ -137,6 +138,7 @@ def plots(rows: list[Row], out: Path) -> list[Path]:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
         ax.axhline(1.0, color="gray", lw=0.8, ls="--")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("k (draft tokens per step)")
         ax.set_ylabel("speedup vs target-only")
         ax.legend()
@@ -151,6 +153,7 @@ def plots(rows: list[Row], out: Path) -> list[Path]:
         for r in curves:
             pp = r.doc["acceptance"]["per_position"]
             ax.plot(range(1, len(pp) + 1), pp, marker=".", label=f"{r.method} k={r.k}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("draft position")
         ax.set_ylabel("fraction of drafts accepted")
         ax.set_ylim(0, 1)
