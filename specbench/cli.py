@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import time
 from pathlib import Path
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from specbench.config import register
 from specbench.errors import UserError

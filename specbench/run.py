@@ -70,12 +70,6 @@ def validate(cfg: DictConfig) -> None:
             raise UserError(f"parallel.{key}={cfg.parallel[key]}: only 1 is supported in this version")
 
 
-def method_options() -> list[str]:
-    from specbench.cli import group_options
-
-    return group_options("method")
-
-
 def build_drafter(cfg: DictConfig):
     """Instantiate `method.drafter` (a `_target_` node); None for method=none."""
     node = cfg.method.get("drafter")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specbench.drafters.base import PAD_ID, Admitted, BatchState, DraftTree, Verdict
+from specbench.drafters.base import Admitted, BatchState, DraftTree, Verdict
 from specbench.engine.sampling import SamplingParams, sample_from, target_probs
 from specbench.errors import UserError
 from specbench.models.loading import load_model
@@ -67,7 +67,7 @@ class DraftModelDrafter:
         return sample_from(q, gen), q
 
     def propose(self, state: BatchState) -> DraftTree:
-        k, B = state.k, state.last.shape[0]
+        k = state.k
         gen = self.gen
         c = self.cache
         # first step: the pending token(s); logits at the last real one

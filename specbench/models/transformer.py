@@ -63,11 +63,6 @@ def rope_inv_freq(cfg: ModelConfig) -> Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
-def rotate_half(x: Tensor) -> Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
 def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     """x * cos + rotate_half(x) * sin, with rotate_half folded into a roll and a sign on sin.
 
