@@ -82,16 +82,21 @@ class Attention(nn.Module):
         self.split = (q_dim + kv_dim, kv_dim)  # q and k get RoPE together
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int, slots: tuple[Tensor, Tensor],
-        meta: AttnMeta,
+        self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, layer: int,
+        slots: tuple[Tensor, Tensor] | None, meta: AttnMeta | None,
     ) -> Tensor:
         B, T, _ = x.shape
         qk, v = self.wqkv(x).split(self.split, dim=-1)
         qk = qk.view(B, T, self.n_heads + self.n_kv, self.head_dim)
         qk = apply_rope(qk, cos, sin)  # cos / signed sin [B, T, 1, D]
         q, k = qk.split((self.n_heads, self.n_kv), dim=2)
-        cache.write(layer, k, v.view(B, T, self.n_kv, self.head_dim), slots)
-        y = attend(q.transpose(1, 2), cache.k_layers[layer], cache.v_layers[layer], meta)
+        v = v.view(B, T, self.n_kv, self.head_dim)
+        if cache is None:  # training / scoring whole sequences: plain causal attention, no cache
+            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                               is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+        else:
+            cache.write(layer, k, v, slots)
+            y = attend(q.transpose(1, 2), cache.k_layers[layer], cache.v_layers[layer], meta)
         return self.wo(y.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -114,8 +119,8 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, layer: int,
-                slots: tuple[Tensor, Tensor], meta: AttnMeta) -> Tensor:
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache | None, layer: int,
+                slots: tuple[Tensor, Tensor] | None, meta: AttnMeta | None) -> Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, slots, meta)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -180,7 +185,7 @@ class Transformer(nn.Module):
     def forward(
         self,
         input_ids: Tensor,  # [B, T]
-        cache: KVCache,
+        cache: KVCache | None,  # None: score whole sequences from position 0 (training), causal, no cache
         *,
         kv_len: int | None = None,
         positions: Tensor | None = None,  # [B, T] RoPE positions; default seq_lens + arange(T)
@@ -196,19 +201,24 @@ class Transformer(nn.Module):
         right padding: input_ids [2, 5], cache.seq_lens = [0, 0], kv_len = 5, logit_index = [[4], [2]].
         """
         B, T = input_ids.shape
-        kv_len = cache.max_len if kv_len is None else kv_len
-        arange_t = torch.arange(T, device=input_ids.device)
-        slots = cache.seq_lens[:, None] + arange_t  # [B, T]
-        pos = slots if positions is None else positions
-        self._ensure_rope(int(kv_len))
+        if cache is None:
+            pos = torch.arange(T, device=input_ids.device).expand(B, T) if positions is None else positions
+            self._ensure_rope(T)
+            write_at, meta = None, None
+        else:
+            kv_len = cache.max_len if kv_len is None else kv_len
+            arange_t = torch.arange(T, device=input_ids.device)
+            slots = cache.seq_lens[:, None] + arange_t  # [B, T]
+            pos = slots if positions is None else positions
+            self._ensure_rope(int(kv_len))
+            if self.attention == "flash" and tree_mask is None:
+                meta = AttnMeta(kv_len, None, (cache.seq_lens + T).to(torch.int32))
+            else:
+                meta = AttnMeta(kv_len, build_mask(cache.seq_lens, T, kv_len, tree_mask))
+            rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, T)
+            write_at = (rows, slots)  # cache.write's advanced index, built once for all layers
         cos = self.cos_table[pos][:, :, None, :]  # [B, T, 1, D]
         sin = self.sin_table[pos][:, :, None, :]  # sin with rotate_half's sign folded in
-        if self.attention == "flash" and tree_mask is None:
-            meta = AttnMeta(kv_len, None, (cache.seq_lens + T).to(torch.int32))
-        else:
-            meta = AttnMeta(kv_len, build_mask(cache.seq_lens, T, kv_len, tree_mask))
-        rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, T)
-        write_at = (rows, slots)  # cache.write's advanced index, built once for all layers
         x = self.tok_embeddings(input_ids)
         hidden: list[Tensor] = []
         capture = set(hidden_layers)

@@ -1,0 +1,101 @@
+"""`python -m specbench.train method=<name>`: build the target, the data and the method; train; export."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.errors import UserError
+
+CONF = Path(__file__).resolve().parents[2] / "conf" / "train"
+METHODS = ("draft_model",)
+
+
+def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
+    """Self-distillation data: the target's own greedy responses to the prompts (batched, cached as JSONL)."""
+    from specbench.data.prompts import Prompt, to_requests
+    from specbench.engine.loop import Engine, StopCriteria
+    from specbench.engine.sampling import SamplingParams
+    from specbench.train.data import Example
+
+    done = {}
+    if cache.is_file():
+        for line in cache.read_text().splitlines():
+            r = json.loads(line)
+            done[r["prompt"]] = r["response"]
+    todo = [e for e in examples if e.prompt not in done]
+    if todo:
+        reqs = to_requests([Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(todo)], tokenizer)
+        eng = Engine(target, tokenizer, batch_size=8, params=SamplingParams(),
+                     stop=StopCriteria(frozenset({tokenizer.eos_token_id}), max_new))
+        with open(cache, "a") as f:
+            for e, r in zip(todo, eng.run(reqs)):
+                done[e.prompt] = r.text
+                f.write(json.dumps({"prompt": e.prompt, "response": r.text}) + "\n")
+    return [Example(e.prompt, done[e.prompt], e.source) for e in examples]
+
+
+def train(cfg: DictConfig) -> dict:
+    import torch
+
+    from specbench.data.prompts import Prompt
+    from specbench.run import resolve_device, resolve_dtype
+    from specbench.models.loading import load_model
+    from specbench.train.data import load_examples, tokenize
+    from specbench.train.draft_model import DraftModelMethod
+    from specbench.train.trainer import Trainer, TrainSettings
+
+    if cfg.method.name not in METHODS:
+        raise UserError(f"method={cfg.method.name!r}; trainable methods: {', '.join(METHODS)}")
+    if cfg.data.mode not in ("teacher_forced", "self_distill"):
+        raise UserError(f"data.mode={cfg.data.mode!r}; valid: teacher_forced, self_distill")
+    device = resolve_device("auto")
+    dtype = resolve_dtype(cfg.dtype, device)
+    lm = load_model(cfg.model.path, dtype, device, cfg.cache_dir)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    examples = [e for p in cfg.data.paths for e in load_examples(p, cfg.data.limit)]
+    n_eval = int(cfg.data.eval_prompts)
+    if len(examples) <= n_eval:
+        raise UserError(f"data: {len(examples)} records, need more than data.eval_prompts={n_eval}")
+    held, examples = examples[:n_eval], examples[n_eval:]
+    if cfg.data.mode == "self_distill":
+        examples = regenerate(lm.model, lm.tokenizer, examples, int(cfg.data.regen_max_new_tokens), out / "regen.jsonl")
+    items = tokenize(examples, lm.tokenizer, int(cfg.data.max_len))
+    m = cfg.method
+    method = DraftModelMethod(lm.model, lm.tokenizer, init=m.init, layers=list(m.layers), num_layers=m.num_layers,
+                              eval_prompts=[Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(held)],
+                              eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens))
+    settings = TrainSettings(**OmegaConf.to_container(cfg.train, resolve=True))
+    history_log = out / "train_log.jsonl"
+
+    def on_log(row: dict) -> None:
+        with open(history_log, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    trainer = Trainer(method, items, settings, out, autocast_ok=dtype == torch.bfloat16, progress=bool(cfg.progress),
+                      on_log=on_log, pad_id=lm.tokenizer.pad_token_id or 0)
+    if cfg.resume:
+        trainer.try_resume()
+    history = trainer.fit()
+    method.export(out / "model")
+    final = history[-1] if history else {}
+    print(json.dumps({"out": str(out / "model"), "steps": trainer.step, **final}, indent=2))
+    return final
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
+def _main(cfg: DictConfig) -> None:
+    try:
+        train(cfg)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    _main()

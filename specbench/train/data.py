@@ -1,0 +1,107 @@
+"""Training data: instruction / chat records from local JSON or JSONL files, tokenized with the chat template.
+
+Accepted record shapes (the formats in ../shared/data):
+- Alpaca:   {"instruction", "input" (may be ""), "output"}
+- GPTeacher: {"instruction", "input", "response"}
+- GSM8K:    {"question", "answer"}
+- chat / regenerated: {"messages": [{"role": "user", "content": ...}, ...], "response"}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from specbench.data.prompts import encode_prompt
+from specbench.errors import UserError
+
+
+@dataclass
+class Example:
+    prompt: str  # the user turn
+    response: str  # the assistant turn to learn (teacher-forced) or None before regeneration
+    source: str  # "<file>:<record index>"
+
+
+def _parse(rec, where: str) -> Example:
+    if not isinstance(rec, dict):
+        raise UserError(f"{where}: expected a JSON object")
+    if isinstance(rec.get("messages"), list):
+        users = [m.get("content") for m in rec["messages"] if isinstance(m, dict) and m.get("role") == "user"]
+        if not users or not isinstance(users[-1], str) or not isinstance(rec.get("response"), str):
+            raise UserError(f"{where}: chat record needs a user message and a 'response' string")
+        return Example(users[-1], rec["response"], where)
+    if isinstance(rec.get("question"), str) and isinstance(rec.get("answer"), str):
+        return Example(rec["question"], rec["answer"], where)
+    if isinstance(rec.get("instruction"), str):
+        out = rec.get("output", rec.get("response"))
+        if not isinstance(out, str):
+            raise UserError(f"{where}: record has 'instruction' but no 'output' or 'response' string")
+        extra = rec.get("input") or ""
+        return Example(rec["instruction"] + (f"\n\n{extra}" if extra else ""), out, where)
+    raise UserError(f"{where}: record has none of: instruction+output/response, question+answer, messages+response")
+
+
+def load_examples(path: str | Path, limit: int | None = None) -> list[Example]:
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UserError(f"data file {str(path)!r} does not exist")
+    text = p.read_text(encoding="utf-8")
+    if not text.strip():
+        raise UserError(f"{p}: the file is empty")
+    records: list[tuple[str, object]] = []
+    if p.suffix == ".jsonl":
+        for n, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    records.append((f"{p}:{n}", json.loads(line)))
+                except json.JSONDecodeError as e:
+                    raise UserError(f"{p}:{n}: not valid JSON ({e.msg})") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(data, list):
+            raise UserError(f"{p}: expected a JSON array of records")
+        records = [(f"{p}[{i}]", r) for i, r in enumerate(data)]
+    if not records:
+        raise UserError(f"{p}: holds no records")
+    examples = [_parse(r, where) for where, r in records[: limit or None]]
+    return examples
+
+
+@dataclass
+class Tokenized:
+    ids: list[int]
+    loss_mask: list[int]  # 1 on response tokens (positions whose next-token prediction is learned)
+
+
+def tokenize(examples: list[Example], tokenizer, max_len: int) -> list[Tokenized]:
+    """prompt (chat template + generation prompt) + response + EOS, cut to max_len; responses only in the loss."""
+    eos = tokenizer.eos_token_id
+    out = []
+    for ex in examples:
+        p = encode_prompt(tokenizer, ex.prompt)
+        r = tokenizer.encode(ex.response, add_special_tokens=False) + ([eos] if eos is not None else [])
+        ids = (p + r)[:max_len]
+        mask = ([0] * len(p) + [1] * len(r))[:max_len]
+        if sum(mask) > 0:
+            out.append(Tokenized(ids, mask))
+    return out
+
+
+def collate(items: list[Tokenized], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """-> ids [B, T] right padded, mask [B, T] (1 where position t's prediction of token t+1 is trained)."""
+    T = max(len(x.ids) for x in items)
+    ids = torch.full((len(items), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(items), T, dtype=torch.float32)
+    for b, x in enumerate(items):
+        ids[b, : len(x.ids)] = torch.tensor(x.ids)
+        # the logit at position t predicts token t+1: train where the *next* token is a response token
+        mask[b, : len(x.ids) - 1] = torch.tensor(x.loss_mask[1:], dtype=torch.float32)
+    return ids, mask

@@ -1,0 +1,128 @@
+"""Distil a small Llama-family draft model from the target: KL(target || draft) on the response tokens.
+
+The student is initialised from a subset of the target's layers (embedding, the chosen layers, final norm,
+head) or from scratch with the same width; it is exported in the standard HF format (config.json +
+model.safetensors in bf16 + tokenizer), so `method=draft_model method.drafter.path=<dir>` and any HF loader
+read it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specbench.data.prompts import to_requests
+from specbench.drafters.draft_model import DraftModelDrafter
+from specbench.engine.loop import Engine, StopCriteria
+from specbench.engine.sampling import SamplingParams
+from specbench.errors import UserError
+from specbench.metrics.results import AcceptanceStats
+from specbench.models.loading import hf_state_dict
+from specbench.models.transformer import Transformer, rope_inv_freq
+
+
+def student_from_target(target: Transformer, layers: list[int] | None, num_layers: int | None = None) -> Transformer:
+    """A float32 copy of the target with only `layers` (init=target_layers) or `num_layers` random layers."""
+    cfg = copy.deepcopy(target.config)
+    if layers is not None:
+        bad = [i for i in layers if not 0 <= i < cfg.num_layers]
+        if bad or not layers:
+            raise UserError(f"train.method.layers={layers}: need ids in 0..{cfg.num_layers - 1}")
+        cfg.num_layers = len(layers)
+    else:
+        cfg.num_layers = int(num_layers or 2)
+    student = Transformer(cfg)
+    if layers is not None:
+        sd = target.state_dict()
+        own = {}
+        for k, v in sd.items():
+            if k.startswith("layers."):
+                i, rest = k.split(".", 2)[1:]
+                if int(i) in layers:
+                    own[f"layers.{layers.index(int(i))}.{rest}"] = v.float().clone()
+            else:
+                own[k] = v.float().clone()
+        student.load_state_dict(own, strict=False)
+    if cfg.tie_word_embeddings:
+        student.output.weight = student.tok_embeddings.weight
+    student.inv_freq = rope_inv_freq(cfg)
+    return student.float()
+
+
+class DraftModelMethod:
+    name = "draft_model"
+
+    def __init__(self, target: Transformer, tokenizer, *, init: str = "target_layers", layers: list[int] | None = None,
+                 num_layers: int | None = None, eval_prompts: list | None = None, eval_k: int = 4,
+                 eval_max_new_tokens: int = 48) -> None:
+        if init not in ("target_layers", "scratch"):
+            raise UserError(f"train.method.init={init!r}; valid: target_layers, scratch")
+        self.target, self.tokenizer = target, tokenizer
+        keep = (layers or [0, 1]) if init == "target_layers" else None
+        self.student = student_from_target(target, keep, num_layers)
+        if init == "scratch":
+            torch.manual_seed(0)
+            for n, p in self.student.named_parameters():
+                if p.dim() == 2:
+                    torch.nn.init.normal_(p, std=0.02)
+        self.student.train().requires_grad_(True)
+        self.eval_prompts, self.eval_k, self.eval_max_new = eval_prompts or [], eval_k, eval_max_new_tokens
+
+    def parameters(self):
+        return self.student.parameters()
+
+    def loss(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """Mean over trained positions of KL(p_target || p_draft), full vocabulary."""
+        with torch.no_grad():
+            t_logp = F.log_softmax(self.target(ids, None).logits.float(), dim=-1)
+        s_logp = F.log_softmax(self.student(ids, None).logits.float(), dim=-1)
+        kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1)  # [B, T]
+        n = mask.sum().clamp(min=1.0)
+        loss = (kl * mask).sum() / n
+        with torch.no_grad():
+            top1 = ((t_logp.argmax(-1) == s_logp.argmax(-1)).float() * mask).sum() / n
+        return loss, {"top1_agreement": float(top1)}
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return {k: v for k, v in self.student.state_dict().items()
+                if not (self.student.config.tie_word_embeddings and k == "output.weight")}
+
+    def load_state_dict(self, sd: dict[str, Tensor]) -> None:
+        self.student.load_state_dict(sd, strict=False)
+        if self.student.config.tie_word_embeddings:
+            self.student.output.weight = self.student.tok_embeddings.weight
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Greedy acceptance of the current student as a drafter, measured with the decode loop."""
+        if not self.eval_prompts:
+            return {}
+        was_training = self.student.training
+        self.student.eval()
+        draft = copy.deepcopy(self.student).to(self.target.dtype).requires_grad_(False)
+        tok = self.tokenizer
+        reqs = to_requests(self.eval_prompts, tok)
+        eng = Engine(self.target, tok, batch_size=min(4, len(reqs)), params=SamplingParams(), progress=False,
+                     stop=StopCriteria(frozenset({tok.eos_token_id}), self.eval_max_new),
+                     drafter=DraftModelDrafter(model=draft), k=self.eval_k)
+        acc = AcceptanceStats.from_results(eng.run(reqs)).summary()
+        self.student.train(was_training)
+        return {"eval/mean_acceptance_length": acc["mean_acceptance_length"] or 1.0,
+                "eval/acceptance_rate": acc["acceptance_rate"] or 0.0}
+
+    def export(self, out_dir: Path) -> None:
+        """HF format, bf16: config.json, model.safetensors, tokenizer files."""
+        from safetensors.torch import save_file
+
+        out_dir.mkdir(parents=True, exist_ok=True)
+        sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in hf_state_dict(self.student).items()}
+        save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+        cfg = self.student.config.to_hf()
+        cfg["torch_dtype"] = "bfloat16"
+        (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+        self.tokenizer.save_pretrained(str(out_dir))

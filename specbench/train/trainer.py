@@ -1,0 +1,166 @@
+"""The shared trainer: data order, AdamW with warm-up + cosine decay, gradient accumulation, bf16 autocast,
+periodic acceptance evaluation with the real decode loop, checkpoint / resume, progress bar, metric sinks.
+
+A method contributes only its model and its loss (`TrainMethod`). Runs are deterministic on CPU: the data
+order of epoch e is a permutation seeded by (seed, e), so resuming at step s replays exactly the batches an
+uninterrupted run would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from specbench.log import log
+from specbench.train.data import Tokenized, collate
+
+
+class TrainMethod(Protocol):
+    name: str
+
+    def parameters(self) -> Iterable[nn.Parameter]: ...
+    def loss(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]: ...
+    def state_dict(self) -> dict[str, Tensor]: ...
+    def load_state_dict(self, sd: dict[str, Tensor]) -> None: ...
+    def evaluate(self) -> dict[str, float]: ...
+    def export(self, out_dir: Path) -> None: ...
+
+
+@dataclass
+class TrainSettings:
+    steps: int = 300  # optimizer steps
+    batch_size: int = 8  # sequences per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 1e-3
+    warmup: int = 20  # linear warm-up steps, then cosine decay to min_lr_ratio * lr
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    clip: float = 1.0  # gradient norm clip (0 = off)
+    bf16: bool = True  # bf16 autocast where the hardware runs it (CUDA, CPUs with AVX512-BF16/AMX)
+    eval_every: int = 100  # steps between acceptance evaluations (0 = only at the end)
+    save_every: int = 50  # steps between checkpoints
+    log_every: int = 10
+    seed: int = 0
+
+
+def lr_factor(step: int, s: TrainSettings) -> float:
+    if step < s.warmup:
+        return (step + 1) / max(1, s.warmup)
+    t = (step - s.warmup) / max(1, s.steps - s.warmup)
+    return s.min_lr_ratio + (1 - s.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, t)))
+
+
+class Trainer:
+    def __init__(self, method: TrainMethod, items: list[Tokenized], settings: TrainSettings, out_dir: str | Path,
+                 *, autocast_ok: bool = False, progress: bool = True, on_log=None, pad_id: int = 0) -> None:
+        if not items:
+            raise ValueError("no training sequences")
+        self.method, self.items, self.s = method, items, settings
+        self.out = Path(out_dir)
+        self.params = [p for p in method.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda st: lr_factor(st, settings))
+        self.step = 0
+        self.history: list[dict] = []
+        self.autocast = settings.bf16 and autocast_ok
+        self.progress, self.on_log, self.pad_id = progress, on_log, pad_id
+
+    # ----------------------------------------------------------------------------------------- data
+    def batch(self, step: int, micro: int) -> tuple[Tensor, Tensor]:
+        """Micro-batch `micro` of optimizer step `step` (deterministic in (seed, step, micro))."""
+        per_step = self.s.batch_size * self.s.grad_accum
+        start = step * per_step + micro * self.s.batch_size
+        N = len(self.items)
+        idx = []
+        for j in range(start, start + self.s.batch_size):
+            epoch, pos = divmod(j, N)
+            g = torch.Generator().manual_seed(self.s.seed * 100003 + epoch)
+            idx.append(int(torch.randperm(N, generator=g)[pos]))
+        return collate([self.items[i] for i in idx], self.pad_id)
+
+    # --------------------------------------------------------------------------------- checkpoints
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoint"
+
+    def save(self) -> None:
+        from safetensors.torch import save_file
+
+        tmp = self.ckpt_dir.with_name("checkpoint.tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.detach().contiguous() for k, v in self.method.state_dict().items()}, str(tmp / "model.safetensors"))
+        torch.save({"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step},
+                   tmp / "trainer.pt")
+        (tmp / "history.json").write_text(json.dumps({"settings": asdict(self.s), "history": self.history}))
+        if self.ckpt_dir.exists():
+            import shutil
+
+            shutil.rmtree(self.ckpt_dir)
+        tmp.rename(self.ckpt_dir)
+
+    def try_resume(self) -> bool:
+        if not (self.ckpt_dir / "trainer.pt").is_file():
+            return False
+        from safetensors.torch import load_file
+
+        self.method.load_state_dict(load_file(str(self.ckpt_dir / "model.safetensors")))
+        st = torch.load(self.ckpt_dir / "trainer.pt", weights_only=True)
+        self.opt.load_state_dict(st["opt"])
+        self.sched.load_state_dict(st["sched"])
+        self.step = int(st["step"])
+        self.history = json.loads((self.ckpt_dir / "history.json").read_text())["history"]
+        log(f"resumed from {self.ckpt_dir} at step {self.step}")
+        return True
+
+    # ------------------------------------------------------------------------------------------ fit
+    def _record(self, row: dict) -> None:
+        self.history.append(row)
+        if self.on_log is not None:
+            self.on_log(row)
+
+    def fit(self, stop_after: int | None = None) -> list[dict]:
+        """Train to `settings.steps` (or `stop_after` more steps, to simulate an interruption)."""
+        from tqdm.auto import tqdm
+
+        end = self.s.steps if stop_after is None else min(self.s.steps, self.step + stop_after)
+        bar = tqdm(total=self.s.steps, initial=self.step, desc=f"train {self.method.name}", unit="step",
+                   disable=not self.progress, dynamic_ncols=True)
+        t0, tokens = time.perf_counter(), 0
+        while self.step < end:
+            self.opt.zero_grad(set_to_none=True)
+            total, extra = 0.0, {}
+            for micro in range(self.s.grad_accum):
+                ids, mask = self.batch(self.step, micro)
+                with torch.autocast("cpu" if ids.device.type == "cpu" else "cuda", dtype=torch.bfloat16,
+                                    enabled=self.autocast):
+                    loss, extra = self.method.loss(ids, mask)
+                (loss / self.s.grad_accum).backward()
+                total += float(loss.detach()) / self.s.grad_accum
+                tokens += int(mask.sum())
+            if self.s.clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.params, self.s.clip)
+            self.opt.step()
+            self.sched.step()
+            self.step += 1
+            rate = tokens / (time.perf_counter() - t0)
+            bar.update(1)
+            bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{rate:.0f}", refresh=False)
+            if self.step % self.s.log_every == 0 or self.step == end:
+                self._record({"step": self.step, "loss": total, "lr": self.sched.get_last_lr()[0],
+                              "train_tokens_per_s": rate, **extra})
+            if self.s.eval_every and self.step % self.s.eval_every == 0 and self.step < self.s.steps:
+                self._record({"step": self.step, **self.method.evaluate()})
+            if self.step % self.s.save_every == 0 or self.step == end:
+                self.save()
+        bar.close()
+        if self.step >= self.s.steps:
+            self._record({"step": self.step, **self.method.evaluate()})
+            self.save()
+        return self.history

@@ -1,0 +1,140 @@
+"""The shared trainer with the draft-model method on a tiny target: loss falls and acceptance rises, resume
+continues the same run bit-exactly, export round-trips, bad data files give one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import TINY_CORPUS, write_jsonl
+from specbench.data.prompts import Prompt
+from specbench.errors import UserError
+from specbench.models.loading import load_model
+from specbench.train.data import load_examples, tokenize
+from specbench.train.draft_model import DraftModelMethod
+from specbench.train.trainer import Trainer, TrainSettings
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return load_model(str(tiny_dir), torch.float32, CPU)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    recs = [{"instruction": TINY_CORPUS[i % 4].split()[0], "input": "", "output": " ".join(TINY_CORPUS[i % 4].split()[1:] * 2)}
+            for i in range(24)]
+    return write_jsonl(tmp_path_factory.mktemp("data") / "train.jsonl", recs)
+
+
+def _method(tiny, **kw):
+    words = " ".join(TINY_CORPUS).split()
+    prompts = [Prompt(id=str(i), prompt=" ".join(words[i + 1:i + 4])) for i in range(0, 36, 6)]  # held out
+    return DraftModelMethod(tiny.model, tiny.tokenizer, layers=[0], eval_prompts=prompts, eval_k=3,
+                            eval_max_new_tokens=16, **kw)
+
+
+def _settings(**kw):
+    base = dict(steps=30, batch_size=4, lr=3e-3, warmup=3, eval_every=0, save_every=10, log_every=5, bf16=False)
+    return TrainSettings(**{**base, **kw})
+
+
+def test_no_cache_forward_matches_cached(tiny):
+    ids = torch.tensor([[5, 17, 99, 3, 250, 7]])
+    m = tiny.model
+    a = m(ids, None).logits
+    b = m(ids, m.new_cache(1, 8), kv_len=6).logits
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_training_lowers_loss_and_raises_acceptance(tiny, tmp_path):
+    """Self-distillation: the target regenerates responses to training prompts; the draft learns them."""
+    from specbench.train.__main__ import regenerate
+    from specbench.train.data import Example
+
+    words = " ".join(TINY_CORPUS).split()
+    prompts = [Example(" ".join(words[i:i + 3]), "", f"p{i}") for i in range(0, 36)]
+    examples = regenerate(tiny.model, tiny.tokenizer, prompts, 24, tmp_path / "regen.jsonl")
+    assert all(e.response for e in examples) and (tmp_path / "regen.jsonl").is_file()
+    again = regenerate(tiny.model, tiny.tokenizer, prompts, 24, tmp_path / "regen.jsonl")  # cached
+    assert [e.response for e in again] == [e.response for e in examples]
+    items = tokenize(examples, tiny.tokenizer, 64)
+    method = _method(tiny)
+    before = method.evaluate()["eval/mean_acceptance_length"]
+    hist = Trainer(method, items, _settings(), tmp_path, progress=False).fit()
+    losses = [h["loss"] for h in hist if "loss" in h]
+    assert losses[-1] < 0.5 * losses[0]
+    after = hist[-1]["eval/mean_acceptance_length"]
+    assert after > before, (before, after)
+
+
+def test_resume_continues_the_same_run(tiny, data_file, tmp_path):
+    items = tokenize(load_examples(data_file), tiny.tokenizer, 64)
+    straight = _method(tiny)
+    Trainer(straight, items, _settings(steps=8, save_every=4), tmp_path / "a", progress=False).fit()
+    first = _method(tiny)
+    Trainer(first, items, _settings(steps=8, save_every=4), tmp_path / "b", progress=False).fit(stop_after=4)
+    resumed = _method(tiny)  # a new process would rebuild everything from the config
+    t = Trainer(resumed, items, _settings(steps=8, save_every=4), tmp_path / "b", progress=False)
+    assert t.try_resume() and t.step == 4
+    t.fit()
+    for (k, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_export_round_trips_bit_exactly(tiny, tmp_path):
+    method = _method(tiny)
+    method.export(tmp_path / "model")
+    cfg = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert cfg["num_hidden_layers"] == 1 and cfg["torch_dtype"] == "bfloat16"
+    back = load_model(str(tmp_path / "model"), torch.bfloat16, CPU).model
+    want = {k: v.to(torch.bfloat16) for k, v in method.student.state_dict().items()}
+    for k, v in back.state_dict().items():
+        assert torch.equal(v, want[k]), k
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        ('[{"instruction": "hi"}]', r"bad.json\[0\]: record has 'instruction' but no 'output'"),
+        ("", "the file is empty"),
+        ("[{oops", "not valid JSON"),
+        ('{"instruction": "a", "output": "b"}', "expected a JSON array"),
+        ('[{"instruction": "a", "output": "b"}, {"text": "x"}]', r"bad.json\[1\]: record has none of"),
+    ],
+)
+def test_bad_data_files(tmp_path, content, needle):
+    p = tmp_path / "bad.json"
+    p.write_text(content)
+    with pytest.raises(UserError, match=needle):
+        load_examples(p)
+
+
+def test_bad_jsonl_line_and_formats(tmp_path):
+    p = tmp_path / "bad.jsonl"
+    p.write_text('{"question": "q", "answer": "a"}\n{broken\n')
+    with pytest.raises(UserError, match=r"bad.jsonl:2: not valid JSON"):
+        load_examples(p)
+    p.write_text('{"messages": [{"role": "user", "content": "u"}], "response": "r"}\n{"question": "q", "answer": "a"}\n')
+    ex = load_examples(p)
+    assert [(e.prompt, e.response) for e in ex] == [("u", "r"), ("q", "a")]
+
+
+def test_train_cli(tmp_path, tiny_dir, data_file):
+    args = [sys.executable, "-m", "specbench.train", f"model.path={tiny_dir}", f"data.paths=[{data_file}]",
+            "data.eval_prompts=2", "train.steps=4", "train.batch_size=2", "train.save_every=2", "progress=false",
+            "method.layers=[0]", "dtype=float32", f"hydra.run.dir={tmp_path / 'run'}"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
+    assert (tmp_path / "run" / "checkpoint" / "trainer.pt").is_file()
+    logged = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert logged[-1]["step"] == 4 and "eval/mean_acceptance_length" in logged[-1]
+    bad = subprocess.run([*args[:4], "data.paths=[/no/such.jsonl]", *args[5:]], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "data file '/no/such.jsonl' does not exist" in bad.stderr
