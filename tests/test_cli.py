@@ -114,7 +114,7 @@ def test_bad_jsonl_records(tmp_path):
     with pytest.raises(UserError, match=r"bad.jsonl:1: record has no 'turns'"):
         jsonl_prompts(str(bad))
     bad.write_text("\n")
-    with pytest.raises(UserError, match="no records"):
+    with pytest.raises(UserError, match="bad.jsonl: the file is empty"):
         jsonl_prompts(str(bad))
 
 

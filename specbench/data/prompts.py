@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from specbench.data.files import read_records
 from specbench.engine.request import Request
 from specbench.errors import UserError
 
@@ -41,16 +42,9 @@ def jsonl_prompts(path: str) -> list[Prompt]:
     if not p.is_file():
         raise UserError(f"dataset.path={path!r}: no such file (expected a question.jsonl)")
     out: list[Prompt] = []
-    for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{p}:{n}"
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+    for n, (where, rec) in enumerate(read_records(p), 1):
         if not isinstance(rec, dict):
-            raise UserError(f"{where}: expected a JSON object per line")
+            raise UserError(f"{where}: expected a JSON object per record")
         rid = rec.get("question_id", rec.get("id", n))
         out.append(Prompt(id=str(rid), prompt=_first_turn(rec, where), category=rec.get("category")))
     if not out:

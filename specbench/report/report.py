@@ -128,7 +128,15 @@ def plots(rows: list[Row], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    made = []
+    made: list[Path] = []
+
+    def save(fig, ax, title: str, name: str) -> None:
+        ax.set_title(title)
+        fig.tight_layout()
+        made.append(out / name)
+        fig.savefig(made[-1], dpi=120)
+        plt.close(fig)
+
     spec = [r for r in rows if r.method != "none"]
     methods = sorted({r.method for r in spec})
     if spec:
@@ -142,11 +150,7 @@ def plots(rows: list[Row], out: Path) -> list[Path]:
         ax.set_xlabel("k (draft tokens per step)")
         ax.set_ylabel("speedup vs target-only")
         ax.legend()
-        ax.set_title("speedup vs k")
-        fig.tight_layout()
-        made.append(out / "speedup_vs_k.png")
-        fig.savefig(made[-1], dpi=120)
-        plt.close(fig)
+        save(fig, ax, "speedup vs k", "speedup_vs_k.png")
 
         fig, ax = plt.subplots(figsize=(5, 3.5))
         curves = [r for r in spec if r.doc["acceptance"]["per_position"]]
@@ -159,11 +163,7 @@ def plots(rows: list[Row], out: Path) -> list[Path]:
         ax.set_ylim(0, 1)
         if curves:
             ax.legend(fontsize=7)
-        ax.set_title("per-position acceptance")
-        fig.tight_layout()
-        made.append(out / "per_position.png")
-        fig.savefig(made[-1], dpi=120)
-        plt.close(fig)
+        save(fig, ax, "per-position acceptance", "per_position.png")
 
         cats = sorted({c for r in spec for c in r.doc.get("per_category", {})})
         if len(cats) > 1:
@@ -176,11 +176,7 @@ def plots(rows: list[Row], out: Path) -> list[Path]:
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=30, ha="right")
             ax.set_ylabel("mean acceptance length τ")
             ax.legend(fontsize=7)
-            ax.set_title("acceptance per category")
-            fig.tight_layout()
-            made.append(out / "per_category.png")
-            fig.savefig(made[-1], dpi=120)
-            plt.close(fig)
+            save(fig, ax, "acceptance per category", "per_category.png")
     return made
 
 

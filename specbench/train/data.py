@@ -9,13 +9,13 @@ Accepted record shapes (the formats in ../shared/data):
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
+from specbench.data.files import read_records
 from specbench.data.prompts import encode_prompt
 from specbench.errors import UserError
 
@@ -50,25 +50,7 @@ def load_examples(path: str | Path, limit: int | None = None) -> list[Example]:
     p = Path(path).expanduser()
     if not p.is_file():
         raise UserError(f"data file {str(path)!r} does not exist")
-    text = p.read_text(encoding="utf-8")
-    if not text.strip():
-        raise UserError(f"{p}: the file is empty")
-    records: list[tuple[str, object]] = []
-    if p.suffix == ".jsonl":
-        for n, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append((f"{p}:{n}", json.loads(line)))
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{p}:{n}: not valid JSON ({e.msg})") from None
-    else:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-        if not isinstance(data, list):
-            raise UserError(f"{p}: expected a JSON array of records")
-        records = [(f"{p}[{i}]", r) for i, r in enumerate(data)]
+    records = read_records(p)
     if not records:
         raise UserError(f"{p}: holds no records")
     examples = [_parse(r, where) for where, r in records[: limit or None]]
