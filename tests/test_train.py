@@ -129,12 +129,39 @@ def test_bad_jsonl_line_and_formats(tmp_path):
 def test_train_cli(tmp_path, tiny_dir, data_file):
     args = [sys.executable, "-m", "specbench.train", f"model.path={tiny_dir}", f"data.paths=[{data_file}]",
             "data.eval_prompts=2", "train.steps=4", "train.batch_size=2", "train.save_every=2", "progress=false",
-            "method.layers=[0]", "dtype=float32", f"hydra.run.dir={tmp_path / 'run'}"]
+            "method.layers=[0]", "dtype=float32", f"hydra.run.dir={tmp_path / 'run'}", "data.teacher=cached",
+            "data.teacher_topk=32", f"cache_dir={tmp_path / 'cache'}"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert (tmp_path / "run" / "model" / "model.safetensors").is_file()
     assert (tmp_path / "run" / "checkpoint" / "trainer.pt").is_file()
     logged = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert logged[-1]["step"] == 4 and "eval/mean_acceptance_length" in logged[-1]
+    assert list((tmp_path / "cache" / "teacher").glob("*/chunk_00000.safetensors"))
     bad = subprocess.run([*args[:4], "data.paths=[/no/such.jsonl]", *args[5:]], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "data file '/no/such.jsonl' does not exist" in bad.stderr
+    bad = subprocess.run([*args, "data.teacher=maybe"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "data.teacher='maybe'" in bad.stderr
+
+
+def test_cached_teacher_matches_online_and_is_reused(tiny, data_file, tmp_path):
+    from specbench.train.features import TeacherTopK
+
+    items = tokenize(load_examples(data_file), tiny.tokenizer, 64)
+    method = _method(tiny)
+    V = tiny.model.config.vocab_size
+    t0 = Trainer(method, items, _settings(), tmp_path / "x", progress=False)
+    ids, mask, index = t0.batch(0, 0)
+    online, _ = method.loss(ids, mask, index)
+    method.teacher = TeacherTopK(tiny.model, items, V, tmp_path / "cache", chunk=5, progress=False)
+    full, _ = method.loss(ids, mask, index)
+    torch.testing.assert_close(full, online, atol=1e-4, rtol=1e-4)  # k = V: the exact KL
+    files = sorted((method.teacher.dir).glob("chunk_*.safetensors"))
+    assert len(files) == (len(items) + 4) // 5
+    stamp = [f.stat().st_mtime_ns for f in files]
+    again = TeacherTopK(tiny.model, items, V, tmp_path / "cache", chunk=5, progress=False)
+    assert again.dir == method.teacher.dir and [f.stat().st_mtime_ns for f in files] == stamp  # not rebuilt
+    method.teacher = TeacherTopK(tiny.model, items, 16, tmp_path / "cache", chunk=5, progress=False)
+    hist = Trainer(method, items, _settings(steps=12), tmp_path / "y", progress=False).fit()
+    losses = [h["loss"] for h in hist if "loss" in h]
+    assert losses[-1] < losses[0]

@@ -70,6 +70,17 @@ def train(cfg: DictConfig) -> dict:
     method = DraftModelMethod(lm.model, lm.tokenizer, init=m.init, layers=list(m.layers), num_layers=m.num_layers,
                               eval_prompts=[Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(held)],
                               eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens))
+    if cfg.data.teacher not in ("online", "cached"):
+        raise UserError(f"data.teacher={cfg.data.teacher!r}; valid: online, cached")
+    if cfg.data.teacher == "cached":
+        from specbench.models.loading import cache_root
+        from specbench.train.features import TeacherTopK
+
+        k = int(cfg.data.teacher_topk)
+        if not 1 <= k <= lm.model.config.vocab_size:
+            raise UserError(f"data.teacher_topk={k}: must be in 1..{lm.model.config.vocab_size}")
+        method.teacher = TeacherTopK(lm.model, items, k, cache_root(cfg.cache_dir), target_id=lm.path,
+                                     progress=bool(cfg.progress))
     settings = TrainSettings(**OmegaConf.to_container(cfg.train, resolve=True))
     history_log = out / "train_log.jsonl"
 

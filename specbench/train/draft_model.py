@@ -72,20 +72,30 @@ class DraftModelMethod:
                     torch.nn.init.normal_(p, std=0.02)
         self.student.train().requires_grad_(True)
         self.eval_prompts, self.eval_k, self.eval_max_new = eval_prompts or [], eval_k, eval_max_new_tokens
+        self.teacher = None  # a TeacherTopK to train from cached target features instead of on the fly
 
     def parameters(self):
         return self.student.parameters()
 
-    def loss(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]:
-        """Mean over trained positions of KL(p_target || p_draft), full vocabulary."""
-        with torch.no_grad():
-            t_logp = F.log_softmax(self.target(ids, None).logits.float(), dim=-1)
-        s_logp = F.log_softmax(self.student(ids, None).logits.float(), dim=-1)
-        kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1)  # [B, T]
+    def loss(self, ids: Tensor, mask: Tensor, index: list[int] | None = None) -> tuple[Tensor, dict[str, float]]:
+        """Mean over trained positions of KL(p_target || p_draft): over the full vocabulary with the target
+        computed on the fly, or over the target's cached top-k tokens (renormalised) when `self.teacher` is
+        set — with k = vocabulary size both are the same number."""
+        s_logp = F.log_softmax(self.student(ids, None).logits.float(), dim=-1)  # [B, T, V]
+        if self.teacher is None:
+            with torch.no_grad():
+                t_logp = F.log_softmax(self.target(ids, None).logits.float(), dim=-1)
+            t_top = t_logp.argmax(-1)
+            kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1)  # [B, T]
+        else:
+            vals, tok = self.teacher.get(index, ids.shape[1])  # [B, T, k]
+            t_logp = vals - torch.logsumexp(vals, dim=-1, keepdim=True)  # renormalise over the top-k
+            t_top = tok[..., 0]
+            kl = (t_logp.exp() * (t_logp - s_logp.gather(-1, tok))).sum(-1)
         n = mask.sum().clamp(min=1.0)
         loss = (kl * mask).sum() / n
         with torch.no_grad():
-            top1 = ((t_logp.argmax(-1) == s_logp.argmax(-1)).float() * mask).sum() / n
+            top1 = ((t_top == s_logp.argmax(-1)).float() * mask).sum() / n
         return loss, {"top1_agreement": float(top1)}
 
     def state_dict(self) -> dict[str, Tensor]:

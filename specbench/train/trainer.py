@@ -26,7 +26,7 @@ class TrainMethod(Protocol):
     name: str
 
     def parameters(self) -> Iterable[nn.Parameter]: ...
-    def loss(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, dict[str, float]]: ...
+    def loss(self, ids: Tensor, mask: Tensor, index: list[int]) -> tuple[Tensor, dict[str, float]]: ...
     def state_dict(self) -> dict[str, Tensor]: ...
     def load_state_dict(self, sd: dict[str, Tensor]) -> None: ...
     def evaluate(self) -> dict[str, float]: ...
@@ -73,8 +73,9 @@ class Trainer:
         self.progress, self.on_log, self.pad_id = progress, on_log, pad_id
 
     # ----------------------------------------------------------------------------------------- data
-    def batch(self, step: int, micro: int) -> tuple[Tensor, Tensor]:
-        """Micro-batch `micro` of optimizer step `step` (deterministic in (seed, step, micro))."""
+    def batch(self, step: int, micro: int) -> tuple[Tensor, Tensor, list[int]]:
+        """Micro-batch `micro` of optimizer step `step` (deterministic in (seed, step, micro)):
+        ids [B, T], mask [B, T], and the sequences' indices (for cached teacher features)."""
         per_step = self.s.batch_size * self.s.grad_accum
         start = step * per_step + micro * self.s.batch_size
         N = len(self.items)
@@ -83,7 +84,7 @@ class Trainer:
             epoch, pos = divmod(j, N)
             g = torch.Generator().manual_seed(self.s.seed * 100003 + epoch)
             idx.append(int(torch.randperm(N, generator=g)[pos]))
-        return collate([self.items[i] for i in idx], self.pad_id)
+        return (*collate([self.items[i] for i in idx], self.pad_id), idx)
 
     # --------------------------------------------------------------------------------- checkpoints
     @property
@@ -137,10 +138,10 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
             total, extra = 0.0, {}
             for micro in range(self.s.grad_accum):
-                ids, mask = self.batch(self.step, micro)
+                ids, mask, index = self.batch(self.step, micro)
                 with torch.autocast("cpu" if ids.device.type == "cpu" else "cuda", dtype=torch.bfloat16,
                                     enabled=self.autocast):
-                    loss, extra = self.method.loss(ids, mask)
+                    loss, extra = self.method.loss(ids, mask, index)
                 (loss / self.s.grad_accum).backward()
                 total += float(loss.detach()) / self.s.grad_accum
                 tokens += int(mask.sum())
