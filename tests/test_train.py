@@ -165,3 +165,25 @@ def test_cached_teacher_matches_online_and_is_reused(tiny, data_file, tmp_path):
     hist = Trainer(method, items, _settings(steps=12), tmp_path / "y", progress=False).fit()
     losses = [h["loss"] for h in hist if "loss" in h]
     assert losses[-1] < losses[0]
+
+
+def test_narrow_scratch_draft(tiny, data_file, tmp_path):
+    """init=scratch with a smaller width trains, exports and drafts for the target (shares the tokenizer)."""
+    from specbench.drafters.draft_model import DraftModelDrafter
+    from specbench.engine.loop import Engine, StopCriteria
+    from specbench.engine.request import Request
+    from specbench.engine.sampling import SamplingParams
+
+    method = _method(tiny, init="scratch", num_layers=1,
+                     width={"hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "num_kv_heads": 1})
+    assert method.student.config.hidden_size == 32 and method.student.config.head_dim == 16
+    items = tokenize(load_examples(data_file), tiny.tokenizer, 64)
+    Trainer(method, items, _settings(steps=4), tmp_path, progress=False).fit()
+    method.export(tmp_path / "model")
+    draft = load_model(str(tmp_path / "model"), torch.float32, CPU).model
+    reqs = [Request(id="0", prompt="", prompt_ids=[5, 17, 99])]
+    run = lambda d: Engine(tiny.model, tiny.tokenizer, batch_size=1, stop=StopCriteria(frozenset(), 10),  # noqa: E731
+                           params=SamplingParams(), progress=False, drafter=d, k=3 if d else 0).run(reqs)[0].output_ids
+    assert run(DraftModelDrafter(model=draft)) == run(None)
+    with pytest.raises(UserError, match="heads must divide"):
+        _method(tiny, init="scratch", width={"hidden_size": 30, "num_heads": 4})

@@ -67,7 +67,9 @@ def train(cfg: DictConfig) -> dict:
         examples = regenerate(lm.model, lm.tokenizer, examples, int(cfg.data.regen_max_new_tokens), out / "regen.jsonl")
     items = tokenize(examples, lm.tokenizer, int(cfg.data.max_len))
     m = cfg.method
+    width = {k: m.get(k) for k in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads")}
     method = DraftModelMethod(lm.model, lm.tokenizer, init=m.init, layers=list(m.layers), num_layers=m.num_layers,
+                              width={k: v for k, v in width.items() if v is not None} if m.init == "scratch" else None,
                               eval_prompts=[Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(held)],
                               eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens))
     if cfg.data.teacher not in ("online", "cached"):

@@ -26,9 +26,22 @@ from specbench.models.loading import hf_state_dict
 from specbench.models.transformer import Transformer, rope_inv_freq
 
 
-def student_from_target(target: Transformer, layers: list[int] | None, num_layers: int | None = None) -> Transformer:
-    """A float32 copy of the target with only `layers` (init=target_layers) or `num_layers` random layers."""
+def student_from_target(target: Transformer, layers: list[int] | None, num_layers: int | None = None,
+                        width: dict | None = None) -> Transformer:
+    """A float32 copy of the target with only `layers` (init=target_layers), or `num_layers` random layers
+    (init=scratch) of the target's shape with `width` overrides (hidden_size, intermediate_size, num_heads,
+    num_kv_heads) — a narrower draft keeps the tokenizer but not the target's embedding size."""
     cfg = copy.deepcopy(target.config)
+    if width:
+        if layers is not None:
+            raise UserError("train.method width overrides need init=scratch (target layers have the target's width)")
+        for key, val in width.items():
+            if val is not None:
+                setattr(cfg, key, int(val))
+        if cfg.hidden_size % cfg.num_heads or cfg.num_heads % cfg.num_kv_heads:
+            raise UserError(f"train.method: hidden_size {cfg.hidden_size}, num_heads {cfg.num_heads}, num_kv_heads "
+                            f"{cfg.num_kv_heads}: heads must divide hidden_size and kv heads must divide heads")
+        cfg.head_dim = cfg.hidden_size // cfg.num_heads
     if layers is not None:
         bad = [i for i in layers if not 0 <= i < cfg.num_layers]
         if bad or not layers:
@@ -58,13 +71,13 @@ class DraftModelMethod:
     name = "draft_model"
 
     def __init__(self, target: Transformer, tokenizer, *, init: str = "target_layers", layers: list[int] | None = None,
-                 num_layers: int | None = None, eval_prompts: list | None = None, eval_k: int = 4,
-                 eval_max_new_tokens: int = 48) -> None:
+                 num_layers: int | None = None, width: dict | None = None, eval_prompts: list | None = None,
+                 eval_k: int = 4, eval_max_new_tokens: int = 48) -> None:
         if init not in ("target_layers", "scratch"):
             raise UserError(f"train.method.init={init!r}; valid: target_layers, scratch")
         self.target, self.tokenizer = target, tokenizer
         keep = (layers or [0, 1]) if init == "target_layers" else None
-        self.student = student_from_target(target, keep, num_layers)
+        self.student = student_from_target(target, keep, num_layers, width)
         if init == "scratch":
             torch.manual_seed(0)
             for n, p in self.student.named_parameters():
