@@ -41,10 +41,6 @@ class KVCache:
         return out
 
     @property
-    def batch_size(self) -> int:
-        return self.k.shape[1]
-
-    @property
     def max_len(self) -> int:
         return self.k.shape[3]
 

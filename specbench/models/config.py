@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from specbench.errors import UserError
@@ -109,6 +109,3 @@ class ModelConfig:
             "eos_token_id": self.eos_token_id[0] if len(self.eos_token_id) == 1 else self.eos_token_id,
         }
         return d
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
