@@ -101,3 +101,76 @@ def embedded():
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.write_text("\n".join(json.dumps(r) for r in records) + "\n")
     return path
+
+
+def make_eagle_head(folder: Path, target_cfg: dict, *, version: int = 3, draft_vocab: int | None = None,
+                    aux_ids: list[int] | None = None, seed: int = 0, scale: float = 0.08, fmt: str = "reference",
+                    fc_bias: bool = True, embed: bool = False, dtype: torch.dtype = torch.float32) -> dict:
+    """Save a random EAGLE head for a target (its HF config dict) in a public format; returns its state dict.
+
+    fmt: `reference` (SafeAILab/EAGLE config: LlamaForCausalLM, no rope_theta, pytorch_model.bin),
+    `specforge` (LlamaForCausalLMEagle3, eagle_config with aux ids, model.safetensors), `speculators`
+    (Eagle3Speculator with transformer_layer_config). EAGLE-1: `layers.0.*` without input norm, fc over
+    embedding ‖ feature (bias when fc_bias), a copy of the embedding, no norm / lm_head.
+    """
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    H, V = target_cfg["hidden_size"], target_cfg["vocab_size"]
+    heads, kv = target_cfg["num_attention_heads"], target_cfg.get("num_key_value_heads", target_cfg["num_attention_heads"])
+    D, I = H // heads, target_cfg["intermediate_size"]
+    Vd = draft_vocab or V
+    rnd = lambda *s: (torch.randn(*s, generator=g) * scale).to(dtype)  # noqa: E731
+    ones = lambda n: (1 + 0.2 * torch.randn(n, generator=g)).to(dtype)  # noqa: E731
+    sd: dict[str, torch.Tensor] = {}
+    if version == 3:
+        pre, a_in = "midlayer.", 2 * H
+        sd["fc.weight"] = rnd(H, 3 * H)
+        sd[pre + "input_layernorm.weight"] = ones(H)
+        sd[pre + "hidden_norm.weight"] = ones(H)
+        sd["norm.weight"] = ones(H)
+        sd["lm_head.weight"] = rnd(Vd, H) * 10
+        used = torch.sort(torch.randperm(V, generator=g)[:Vd]).values
+        sd["d2t"] = used - torch.arange(Vd)
+        sd["t2d"] = torch.zeros(V, dtype=torch.bool).index_fill_(0, used, True)
+        if embed:
+            sd["embed_tokens.weight"] = rnd(V, H) * 10
+    else:
+        pre, a_in = "layers.0.", H
+        sd["fc.weight"] = rnd(H, 2 * H)
+        if fc_bias:
+            sd["fc.bias"] = rnd(H)
+        sd["embed_tokens.weight"] = rnd(V, H)
+    sd[pre + "self_attn.q_proj.weight"] = rnd(heads * D, a_in)
+    sd[pre + "self_attn.k_proj.weight"] = rnd(kv * D, a_in)
+    sd[pre + "self_attn.v_proj.weight"] = rnd(kv * D, a_in)
+    sd[pre + "self_attn.o_proj.weight"] = rnd(H, heads * D)
+    sd[pre + "post_attention_layernorm.weight"] = ones(H)
+    sd[pre + "mlp.gate_proj.weight"] = rnd(I, H)
+    sd[pre + "mlp.up_proj.weight"] = rnd(I, H)
+    sd[pre + "mlp.down_proj.weight"] = rnd(H, I)
+    layer = {"hidden_size": H, "intermediate_size": I, "num_attention_heads": heads, "num_key_value_heads": kv,
+             "num_hidden_layers": 1, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+             "vocab_size": V, "torch_dtype": "float32", "tie_word_embeddings": False, "model_type": "llama"}
+    if version == 1:
+        cfg = {**layer, "architectures": ["LlamaForCausalLM"], "rope_theta": 10000.0, "bias": fc_bias}
+    elif fmt == "reference":
+        cfg = {**layer, "architectures": ["LlamaForCausalLM"], "draft_vocab_size": Vd}
+    elif fmt == "specforge":
+        cfg = {**layer, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": Vd, "rope_theta": 10000.0,
+               "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux_ids, "use_aux_hidden_state": True}}
+    else:
+        cfg = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+               "transformer_layer_config": layer, "draft_vocab_size": Vd, "norm_before_residual": False,
+               "target_hidden_size": H, "eagle_aux_hidden_state_layer_ids": aux_ids,
+               "speculators_config": {"algorithm": "eagle3", "proposal_methods": [
+                   {"proposal_type": "greedy", "speculative_tokens": 3}]}}
+    if aux_ids is not None and fmt == "reference":
+        cfg["eagle_aux_hidden_state_layer_ids"] = aux_ids
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    if fmt == "reference" or version == 1:
+        torch.save(sd, folder / "pytorch_model.bin")
+    else:
+        save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
+    return sd

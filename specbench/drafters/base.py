@@ -51,24 +51,26 @@ class DraftTree:
         return DraftTree(z, z.clone(), torch.zeros(batch_size, dtype=torch.long, device=device), None, True, 0, 1)
 
     def depths(self) -> Tensor:
-        """[B, N] depth of each node (1 = child of the root). Parents precede children, so one pass works."""
-        B, N = self.parents.shape
-        d = torch.zeros(B, N + 1, dtype=torch.long, device=self.parents.device)  # column 0 = root
-        for n in range(N):
-            d[:, n + 1] = d.gather(1, (self.parents[:, n : n + 1] + 1)).squeeze(1) + 1
-        return d[:, 1:]
+        """[B, N] depth of each node (1 = child of the root): one hop up the parents per tree level."""
+        d = torch.ones_like(self.parents)
+        cur = self.parents
+        for _ in range(max(self.depth - 1, 0)):
+            up = cur >= 0
+            d += up.long()
+            cur = torch.where(up, self.parents.gather(1, cur.clamp(min=0)), -1)
+        return d
 
     def attention_mask(self) -> Tensor:
-        """[B, 1+N, 1+N] bool over (root, nodes): each sees the root, its ancestors and itself; padded
-        nodes see only the root and themselves (their outputs are ignored)."""
+        """[B, 1+N, 1+N] bool over (root, nodes): each sees the root, its ancestors and itself (padded nodes
+        are masked the same way; their outputs are ignored). One scatter per tree level."""
         B, N = self.parents.shape
         m = torch.zeros(B, N + 1, N + 1, dtype=torch.bool, device=self.parents.device)
         m[:, :, 0] = True
-        eye = torch.eye(N + 1, dtype=torch.bool, device=m.device)
-        m |= eye
-        for n in range(N):  # row of node n = row of its parent + itself
-            par = self.parents[:, n] + 1  # [B] forward index of the parent
-            m[:, n + 1] |= m[torch.arange(B, device=m.device), par]
+        m |= torch.eye(N + 1, dtype=torch.bool, device=m.device)
+        cur = self.parents
+        for _ in range(max(self.depth - 1, 0)):  # column 1+ancestor (the root's column 0 is already set)
+            m[:, 1:].scatter_(2, (cur + 1)[..., None], True)
+            cur = torch.where(cur >= 0, self.parents.gather(1, cur.clamp(min=0)), -1)
         return m
 
 

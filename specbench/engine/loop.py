@@ -120,6 +120,7 @@ class Engine:
         )
         if self.drafter is not None:
             self.drafter.setup(self.target, B, max_len, self.k, self.params, self.gen)
+            self.hidden_layers = tuple(self.drafter.hidden_layers)  # may depend on the target (EAGLE-3 aux layers)
         self.num_steps = 0  # target forwards after the prefills
         self.timing = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "step_s": 0.0}
         slots: list[RequestResult | None] = [None] * B

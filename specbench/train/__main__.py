@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.errors import UserError
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "train"
-METHODS = ("draft_model",)
+METHODS = ("draft_model", "eagle3")
 
 
 def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
@@ -39,6 +39,43 @@ def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
     return [Example(e.prompt, done[e.prompt], e.source) for e in examples]
 
 
+def build_draft_model(cfg: DictConfig, lm, items, prompts):
+    from specbench.train.draft_model import DraftModelMethod
+
+    m = cfg.method
+    width = {k: m.get(k) for k in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads")}
+    method = DraftModelMethod(lm.model, lm.tokenizer, init=m.init, layers=list(m.layers), num_layers=m.num_layers,
+                              width={k: v for k, v in width.items() if v is not None} if m.init == "scratch" else None,
+                              eval_prompts=prompts, eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens))
+    if cfg.data.teacher == "cached":
+        from specbench.models.loading import cache_root
+        from specbench.train.features import TeacherTopK
+
+        k = int(cfg.data.teacher_topk)
+        if not 1 <= k <= lm.model.config.vocab_size:
+            raise UserError(f"data.teacher_topk={k}: must be in 1..{lm.model.config.vocab_size}")
+        method.teacher = TeacherTopK(lm.model, items, k, cache_root(cfg.cache_dir), target_id=lm.path,
+                                     progress=bool(cfg.progress))
+    return method
+
+
+def build_eagle3(cfg: DictConfig, lm, items, prompts):
+    from specbench.train.eagle3 import Eagle3Method
+
+    m = cfg.method
+    method = Eagle3Method(lm.model, lm.tokenizer, items, draft_vocab_size=int(m.draft_vocab_size),
+                          ttt_steps=int(m.ttt_steps), step_weight=float(m.step_weight),
+                          aux_layers=list(m.aux_layers) if m.aux_layers else None, eval_prompts=prompts,
+                          eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens))
+    if cfg.data.teacher == "cached":
+        from specbench.models.loading import cache_root
+        from specbench.train.features import TargetStates
+
+        method.states = TargetStates(lm.model, items, tuple(method.aux_layers), cache_root(cfg.cache_dir),
+                                     target_id=lm.path, progress=bool(cfg.progress))
+    return method
+
+
 def train(cfg: DictConfig) -> dict:
     import torch
 
@@ -46,7 +83,6 @@ def train(cfg: DictConfig) -> dict:
     from specbench.run import resolve_device, resolve_dtype
     from specbench.models.loading import load_model
     from specbench.train.data import load_examples, tokenize
-    from specbench.train.draft_model import DraftModelMethod
     from specbench.train.trainer import Trainer, TrainSettings
 
     if cfg.method.name not in METHODS:
@@ -67,22 +103,13 @@ def train(cfg: DictConfig) -> dict:
         examples = regenerate(lm.model, lm.tokenizer, examples, int(cfg.data.regen_max_new_tokens), out / "regen.jsonl")
     items = tokenize(examples, lm.tokenizer, int(cfg.data.max_len))
     m = cfg.method
-    width = {k: m.get(k) for k in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads")}
-    method = DraftModelMethod(lm.model, lm.tokenizer, init=m.init, layers=list(m.layers), num_layers=m.num_layers,
-                              width={k: v for k, v in width.items() if v is not None} if m.init == "scratch" else None,
-                              eval_prompts=[Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(held)],
-                              eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens))
     if cfg.data.teacher not in ("online", "cached"):
         raise UserError(f"data.teacher={cfg.data.teacher!r}; valid: online, cached")
-    if cfg.data.teacher == "cached":
-        from specbench.models.loading import cache_root
-        from specbench.train.features import TeacherTopK
-
-        k = int(cfg.data.teacher_topk)
-        if not 1 <= k <= lm.model.config.vocab_size:
-            raise UserError(f"data.teacher_topk={k}: must be in 1..{lm.model.config.vocab_size}")
-        method.teacher = TeacherTopK(lm.model, items, k, cache_root(cfg.cache_dir), target_id=lm.path,
-                                     progress=bool(cfg.progress))
+    prompts = [Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(held)]
+    if m.name == "eagle3":
+        method = build_eagle3(cfg, lm, items, prompts)
+    else:
+        method = build_draft_model(cfg, lm, items, prompts)
     settings = TrainSettings(**OmegaConf.to_container(cfg.train, resolve=True))
     history_log = out / "train_log.jsonl"
 

@@ -75,3 +75,77 @@ class TeacherTopK:
             vals[b, : v.shape[0]] = v
             ids[b, : t.shape[0]] = t.long()
         return vals, ids
+
+
+class TargetStates:
+    """The target states a head trains on, per training sequence, cached to disk in chunks: the captured
+    layers' hidden states `aux` [T, L·H] (for EAGLE-3 the low ‖ mid ‖ high capture-before states) and the
+    final-normed hidden state `normed` [T, H] (what the lm_head sees; target logits over any vocabulary subset
+    are one matmul away). Stored in bfloat16 (4.6 KB per token for SmolLM2), keyed like `TeacherTopK`.
+    """
+
+    def __init__(self, target, items: list[Tokenized], layers: tuple[int, ...], root: str | Path, *, chunk: int = 64,
+                 batch_size: int = 8, target_id: str = "", progress: bool = True, keep_chunks: int = 1024) -> None:
+        h = hashlib.sha256(json.dumps(["states", target_id, list(layers), [x.ids for x in items]]).encode()).hexdigest()[:16]
+        self.dir = Path(root) / "states" / h
+        self.layers, self.chunk, self.keep = tuple(layers), chunk, keep_chunks
+        self._loaded: dict[int, dict[str, Tensor]] = {}
+        if not (self.dir / "done.json").is_file():
+            self._build(target, items, batch_size, progress)
+
+    @torch.no_grad()
+    def _build(self, target, items: list[Tokenized], batch_size: int, progress: bool) -> None:
+        from safetensors.torch import save_file
+        from tqdm.auto import tqdm
+
+        from specbench.train.data import collate
+
+        self.dir.mkdir(parents=True, exist_ok=True)
+        log(f"caching target states (layers {list(self.layers)} + final normed) for {len(items)} sequences in {self.dir}")
+        bar = tqdm(total=sum(len(x.ids) for x in items), desc="target states", unit="tok", unit_scale=True,
+                   disable=not progress)
+        n_chunks = (len(items) + self.chunk - 1) // self.chunk
+        for c in range(n_chunks):
+            path = self.dir / f"chunk_{c:05d}.safetensors"
+            if path.is_file():  # resumable: chunks written by an interrupted run are kept
+                bar.update(sum(len(items[i].ids) for i in range(c * self.chunk, min((c + 1) * self.chunk, len(items)))))
+                continue
+            out: dict[str, Tensor] = {}
+            group_all = list(range(c * self.chunk, min((c + 1) * self.chunk, len(items))))
+            group_all.sort(key=lambda i: len(items[i].ids))  # similar lengths together: less padding
+            for b0 in range(0, len(group_all), batch_size):
+                group = group_all[b0: b0 + batch_size]
+                ids, _ = collate([items[i] for i in group])
+                o = target(ids, None, hidden_layers=self.layers, return_normed=True,
+                           logit_index=torch.zeros(len(group), 1, dtype=torch.long))
+                aux = torch.cat(o.hidden, dim=-1)
+                for j, i in enumerate(group):
+                    T = len(items[i].ids)
+                    out[f"{i}.aux"] = aux[j, :T].to(torch.bfloat16).contiguous()
+                    out[f"{i}.normed"] = o.normed[j, :T].to(torch.bfloat16).contiguous()
+                    bar.update(T)
+            save_file(out, str(path.with_suffix(".tmp")))
+            path.with_suffix(".tmp").rename(path)
+        bar.close()
+        (self.dir / "done.json").write_text(json.dumps({"sequences": len(items), "layers": list(self.layers)}))
+
+    def _chunk(self, c: int) -> dict[str, Tensor]:
+        if c not in self._loaded:
+            from safetensors.torch import load_file
+
+            if len(self._loaded) >= self.keep:
+                self._loaded.pop(next(iter(self._loaded)))
+            self._loaded[c] = load_file(str(self.dir / f"chunk_{c:05d}.safetensors"))
+        return self._loaded[c]
+
+    def get(self, idx: list[int], T: int) -> tuple[Tensor, Tensor]:
+        """aux [B, T, L·H] and normed [B, T, H] (float32, zero-padded to T) for sequences idx."""
+        rows = [self._chunk(i // self.chunk) for i in idx]
+        a0, n0 = rows[0][f"{idx[0]}.aux"], rows[0][f"{idx[0]}.normed"]
+        aux = torch.zeros(len(idx), T, a0.shape[-1])
+        normed = torch.zeros(len(idx), T, n0.shape[-1])
+        for b, (i, ch) in enumerate(zip(idx, rows)):
+            a, n = ch[f"{i}.aux"], ch[f"{i}.normed"]
+            aux[b, : a.shape[0]] = a.float()
+            normed[b, : n.shape[0]] = n.float()
+        return aux, normed

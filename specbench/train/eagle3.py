@@ -1,0 +1,204 @@
+"""Train an EAGLE-3 head with the training-time test (TTT): the head is unrolled on its own outputs for
+`ttt_steps` steps, so it learns to draft from the hidden states it will really see at depth > 1.
+
+Step j (0-based) at sequence index i is the draft node at depth j+1 of a proposal whose last real pair is i:
+its hidden input is fc(target states at i) for j = 0, else the head's own output o_{j-1} at i; its token is
+x_{i+1+j} (teacher forcing); it sits at position i+j; it attends to the step-0 keys of indices <= i (the
+committed prefix) and to its own chain's keys of steps 1..j at index i (EAGLE-3's "diagonal" attention, the
+same keys a chain draft sees at inference). Its target is the target's next-token distribution at position
+i+1+j restricted to the draft vocabulary (soft labels); positions whose next token lies outside the draft
+vocabulary are masked, as in the reference. Step j's loss is weighted 0.8**j.
+
+The draft vocabulary is the `draft_vocab_size` most frequent tokens of the training responses (sorted by id:
+d2t[i] = id_i - i). The head starts from the target where shapes allow it: its lm_head rows are the target's
+head rows of the draft vocabulary, its final norm the target's, and fc reads the high state.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from specbench.data.prompts import to_requests
+from specbench.drafters.eagle import EagleDrafter
+from specbench.engine.loop import Engine, StopCriteria
+from specbench.engine.sampling import SamplingParams
+from specbench.errors import UserError
+from specbench.metrics.results import AcceptanceStats
+from specbench.models.eagle import EagleConfig, EagleDraft, default_aux_layers, save_eagle
+from specbench.models.transformer import Transformer, apply_rope
+from specbench.train.data import Tokenized
+
+
+def draft_vocabulary(items: list[Tokenized], vocab_size: int, size: int, always: tuple[int, ...] = ()) -> Tensor:
+    """The `size` most frequent response tokens (ties by id), plus `always` (e.g. EOS), sorted by id."""
+    if not 1 <= size <= vocab_size:
+        raise UserError(f"train.method.draft_vocab_size={size}: must be in 1..{vocab_size}")
+    counts: Counter[int] = Counter()
+    for x in items:
+        counts.update(t for t, m in zip(x.ids, x.loss_mask) if m)
+    keep = set(always)
+    for tok, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if len(keep) >= size:
+            break
+        keep.add(tok)
+    for tok in range(vocab_size):  # rare case: fewer distinct tokens than `size`
+        if len(keep) >= size:
+            break
+        keep.add(tok)
+    return torch.tensor(sorted(keep)[:size], dtype=torch.long)
+
+
+def new_head(target: Transformer, draft_ids: Tensor, aux_layers: list[int]) -> EagleDraft:
+    t = target.config
+    cfg = EagleConfig(version=3, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
+                      num_heads=t.num_heads, num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
+                      vocab_size=t.vocab_size, draft_vocab_size=len(draft_ids), target_hidden_size=t.hidden_size,
+                      rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta, rope_scaling=t.rope_scaling,
+                      max_position_embeddings=t.max_position_embeddings, aux_layers=list(aux_layers),
+                      extra={"bos_token_id": t.bos_token_id, "eos_token_id": (t.eos_token_id or [None])[0]})
+    torch.manual_seed(0)
+    head = EagleDraft(cfg, target.tok_embeddings).float()
+    H = t.hidden_size
+    with torch.no_grad():
+        head.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
+        head.t2d.zero_().index_fill_(0, draft_ids, True)
+        head.lm_head.weight.copy_(target.output.weight[draft_ids].float())
+        head.norm.weight.copy_(target.norm.weight.float())
+        head.fc.weight.mul_(0.1)
+        head.fc.weight[:, 2 * H:] += torch.eye(H)  # start from the high state (closest to the output space)
+    return head
+
+
+def inference_copy(head: EagleDraft, target: Transformer) -> EagleDraft:
+    """A frozen copy in the target's dtype sharing the target's embedding (for evaluation with the loop)."""
+    out = EagleDraft(head.config, target.tok_embeddings)
+    out.load_state_dict(head.state_dict())
+    return out.to(target.dtype).eval().requires_grad_(False)
+
+
+def ttt_attention(q: Tensor, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
+    """q [B, T, Hq, D]; ks / vs: per unroll step [B, T, Hkv, D]. Query i sees step-0 keys <= i and the keys of
+    steps 1.. at its own index i. -> [B, T, Hq·D]."""
+    B, T, Hq, D = q.shape
+    Hkv = ks[0].shape[2]
+    G = Hq // Hkv
+    qg = q.reshape(B, T, Hkv, G, D).permute(0, 2, 3, 1, 4)  # [B, Hkv, G, T, D]
+    k0, v0 = ks[0].permute(0, 2, 1, 3)[:, :, None], vs[0].permute(0, 2, 1, 3)[:, :, None]  # [B, Hkv, 1, T, D]
+    scale = D ** -0.5
+    s0 = (qg @ k0.transpose(-1, -2)) * scale  # [B, Hkv, G, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    s0 = s0.masked_fill(~causal, float("-inf"))
+    kd = [k.permute(0, 2, 1, 3)[:, :, None] for k in ks[1:]]  # [B, Hkv, 1, T, D]
+    vd = [v.permute(0, 2, 1, 3)[:, :, None] for v in vs[1:]]
+    s = torch.cat([s0] + [((qg * k).sum(-1) * scale)[..., None] for k in kd], dim=-1)
+    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    out = p[..., :T] @ v0
+    for j, v in enumerate(vd):
+        out = out + p[..., T + j, None] * v
+    return out.permute(0, 3, 1, 2, 4).reshape(B, T, Hq * D)
+
+
+class Eagle3Method:
+    name = "eagle3"
+
+    def __init__(self, target: Transformer, tokenizer, items: list[Tokenized], *, draft_vocab_size: int = 8192,
+                 ttt_steps: int = 4, step_weight: float = 0.8, aux_layers: list[int] | None = None,
+                 eval_prompts: list | None = None, eval_k: int = 3, eval_max_new_tokens: int = 48) -> None:
+        if ttt_steps < 1:
+            raise UserError(f"train.method.ttt_steps={ttt_steps}: must be >= 1")
+        self.target, self.tokenizer = target, tokenizer
+        N = target.config.num_layers
+        self.aux_layers = list(aux_layers) if aux_layers else default_aux_layers(N)
+        if len(self.aux_layers) != 3 or not all(0 <= i <= N for i in self.aux_layers):
+            raise UserError(f"train.method.aux_layers={self.aux_layers}: need 3 capture-before ids in 0..{N}")
+        eos = tuple(target.config.eos_token_id)
+        ids = draft_vocabulary(items, target.config.vocab_size, draft_vocab_size, eos)
+        self.head = new_head(target, ids, self.aux_layers)
+        self.head.train()
+        self.ttt_steps, self.step_weight = ttt_steps, step_weight
+        self.eval_prompts, self.eval_k, self.eval_max_new = eval_prompts or [], eval_k, eval_max_new_tokens
+        self.states = None  # a TargetStates cache; None = target forward on the fly
+        self.target_head = target.output.weight[ids].float()  # [Vd, H] for the target's restricted logits
+
+    def parameters(self):
+        return self.head.parameters()
+
+    def _target_states(self, ids: Tensor, index: list[int] | None) -> tuple[Tensor, Tensor]:
+        if self.states is not None:
+            return self.states.get(index, ids.shape[1])
+        with torch.no_grad():
+            o = self.target(ids, None, hidden_layers=tuple(self.aux_layers), return_normed=True,
+                            logit_index=torch.zeros(ids.shape[0], 1, dtype=torch.long))
+        return torch.cat(o.hidden, -1).float(), o.normed.float()
+
+    def loss(self, ids: Tensor, mask: Tensor, index: list[int] | None = None) -> tuple[Tensor, dict[str, float]]:
+        head, layer = self.head, self.head.midlayer
+        aux, normed = self._target_states(ids, index)
+        B, T = ids.shape
+        with torch.no_grad():
+            t_logp = F.log_softmax(normed @ self.target_head.T, dim=-1)  # [B, T, Vd] target over the draft vocab
+            in_vocab = head.t2d[ids].float()  # [B, T]
+        head.ensure_rope(T + self.ttt_steps + 1)
+        dt = head.fc.weight.dtype
+        h = head.fc(aux.to(dt))  # [B, T, H]
+        ks, vs = [], []
+        total = torch.zeros((), dtype=torch.float32)
+        stats: dict[str, float] = {}
+        attn = layer.self_attn
+        for j in range(self.ttt_steps):
+            s = 1 + j
+            tok = F.pad(ids[:, s:], (0, s))  # token x_{i+1+j} at index i
+            emb = head.embed(tok).to(dt)
+            x, residual = layer.attn_input(emb, h)
+            pos = torch.arange(T) + j
+            cos, sin = head.cos_table[pos][None, :, None, :], head.sin_table[pos][None, :, None, :]
+            q = apply_rope(attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim), cos, sin)
+            ks.append(apply_rope(attn.k_proj(x).view(B, T, attn.n_kv, attn.head_dim), cos, sin))
+            vs.append(attn.v_proj(x).view(B, T, attn.n_kv, attn.head_dim))
+            o = layer.finish(residual, attn.o_proj(ttt_attention(q, ks, vs)))  # [B, T, H]
+            # target: next-token distribution at position i+1+j; trained where that token is a response token
+            # in the draft vocabulary
+            valid = F.pad(mask[:, s:], (0, s)) * F.pad(in_vocab[:, s + 1:], (0, s + 1))
+            sel = valid.reshape(-1).nonzero().squeeze(1)
+            if sel.numel():
+                lp = F.log_softmax(head.lm_head(head.norm(o.reshape(B * T, -1)[sel])).float(), dim=-1)
+                tgt = F.pad(t_logp[:, s:], (0, 0, 0, s)).reshape(B * T, -1)[sel]
+                loss_j = -(tgt.exp() * lp).sum(-1).mean()
+                total = total + self.step_weight ** j * loss_j
+                with torch.no_grad():
+                    stats[f"loss_{j}"] = float(loss_j)
+                    stats[f"acc_{j}"] = float((lp.argmax(-1) == tgt.argmax(-1)).float().mean())
+            h = o
+        return total, stats
+
+    def state_dict(self) -> dict[str, Tensor]:
+        return self.head.state_dict()
+
+    def load_state_dict(self, sd: dict[str, Tensor]) -> None:
+        self.head.load_state_dict(sd)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Greedy acceptance of the current head as a chain drafter (depth eval_k), with the decode loop."""
+        if not self.eval_prompts:
+            return {}
+        tok = self.tokenizer
+        reqs = to_requests(self.eval_prompts, tok)
+        eng = Engine(self.target, tok, batch_size=min(4, len(reqs)), params=SamplingParams(), progress=False,
+                     stop=StopCriteria(frozenset({tok.eos_token_id}), self.eval_max_new),
+                     drafter=EagleDrafter(model=inference_copy(self.head, self.target)), k=self.eval_k)
+        acc = AcceptanceStats.from_results(eng.run(reqs)).summary()
+        out = {"eval/mean_acceptance_length": acc["mean_acceptance_length"] or 1.0,
+               "eval/acceptance_rate": acc["acceptance_rate"] or 0.0}
+        for i, p in enumerate(acc["per_position"]):
+            out[f"eval/per_position_{i}"] = p
+        return out
+
+    def export(self, out_dir: Path) -> None:
+        """The public EAGLE-3 format, bf16: config.json + model.safetensors (see models/eagle.py)."""
+        save_eagle(self.head, out_dir)
