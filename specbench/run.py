@@ -200,6 +200,8 @@ def run(cfg: DictConfig) -> dict:
             btokens = sum(r.num_new_tokens for r in base_results)
             baseline = {"tokens_per_s": btokens / bwall, "wall_s": bwall, "new_tokens": btokens,
                         "target_steps": base.num_steps, "timing": dict(base.timing)}
+        if hasattr(drafter, "describe"):  # what the drafter resolved at setup (e.g. EAGLE-3's aux layers)
+            resolved["drafter"].update(drafter.describe())
         doc = build_results(resolved, results, wall, spec.num_steps, baseline, base_results,
                             extra={"timing": dict(spec.timing)})
         (out / "results.json").write_text(json.dumps(doc, indent=2))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -67,7 +68,7 @@ def test_run_writes_results_contract(tmp_path, tiny_dir):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["method=nosuch"], "method='nosuch' is not a known method; valid: draft_model, ngram, none"),
+        (["method=nosuch"], "method='nosuch' is not a known method; valid: draft_model, eagle, eagle3, ngram, none"),
         (["model.path=/no/such/model"], "model path '/no/such/model' does not exist"),
         (["batch_size=0"], "batch_size=0"),
         (["batch_size=abc"], None),  # Hydra's own type check: still exit 2
@@ -191,6 +192,9 @@ def test_speculative_run_with_baseline(tmp_path, tiny_dir, method, monkeypatch):
     [
         (["method=ngram", "k=17"], "k=17: method=ngram supports k <= 16"),
         (["method=draft_model"], "method=draft_model needs method.drafter.path"),
+        (["method=eagle"], "method=eagle (EAGLE-1) needs method.drafter.path"),
+        (["method=eagle3", "method.tree.topk=0"], "method.tree.topk=0: must be >= 1"),
+        (["method=eagle3", "method.drafter.path=/nonexistent/head"], "EAGLE head '/nonexistent/head' does not exist"),
         (["method=ngram", "method.acceptance=bogus"], "method.acceptance='bogus'"),
         (["method=ngram", "method.acceptance=typical"], "typical needs temperature > 0"),
         (["method=ngram", "method.drafter.min_n=3", "method.drafter.max_n=2"], "min_n=3, max_n=2"),
@@ -200,7 +204,7 @@ def test_bad_method_settings(overrides, needle, tiny_dir):
     from specbench.run import run
 
     cfg = _compose([f"model.path={tiny_dir}", "progress=false", *overrides])
-    with pytest.raises(UserError, match=needle.replace("(", r"\(")):
+    with pytest.raises(UserError, match=re.escape(needle)):
         run(cfg)
 
 

@@ -3,10 +3,13 @@ dtypes, stay within max_nodes / depth k, and a full run is token-identical to ta
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from hydra.utils import instantiate
 
+from conftest import make_eagle_head
 from specbench.cli import group_options
 from specbench.drafters.base import DraftTree
 from specbench.engine.loop import Engine, StopCriteria
@@ -20,8 +23,16 @@ METHODS = [m for m in group_options("method") if m != "none"]
 PROMPTS = [[5, 17, 99, 3, 250, 7, 8, 5, 17], [40, 41, 42], [300, 3, 9, 11, 12, 300, 3]]
 
 
-def _drafter(method: str, tiny_dir):
-    extra = [f"method.drafter.path={tiny_dir}"] if method == "draft_model" else []
+def _drafter(method: str, tiny_dir, tmp_path):
+    """Each method's config, instantiated; methods that load weights get ones built for the tiny target."""
+    extra = []
+    if method == "draft_model":
+        extra = [f"method.drafter.path={tiny_dir}"]
+    elif method in ("eagle", "eagle3"):
+        tcfg = json.loads((tiny_dir / "config.json").read_text())
+        make_eagle_head(tmp_path / method, tcfg, version=1 if method == "eagle" else 3, draft_vocab=300,
+                        aux_ids=[0, 1, 2], fmt="specforge")
+        extra = [f"method.drafter.path={tmp_path / method}"]
     cfg = _compose([f"method={method}", *extra])
     return instantiate(cfg.method.drafter)
 
@@ -31,7 +42,11 @@ class Spy:
 
     def __init__(self, inner, k: int) -> None:
         self.inner, self.k, self.calls = inner, k, 0
-        self.max_draft_len, self.hidden_layers = inner.max_draft_len, inner.hidden_layers
+        self.max_draft_len = inner.max_draft_len
+
+    @property
+    def hidden_layers(self):  # read after setup (EAGLE-3 resolves its layers from the target there)
+        return self.inner.hidden_layers
 
     def max_nodes(self, k):
         return self.inner.max_nodes(k)
@@ -67,7 +82,7 @@ def state_vocab(state) -> int:
 
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
-def test_method_contract(method, temperature, tiny_dir):
+def test_method_contract(method, temperature, tiny_dir, tmp_path):
     lm = load_model(str(tiny_dir), torch.float32, CPU)
     Spy.vocab = lm.model.config.vocab_size
     k = 3
@@ -79,7 +94,7 @@ def test_method_contract(method, temperature, tiny_dir):
                    seed=1, progress=False, drafter=drafter, k=k if drafter else 0)
         return [r.output_ids for r in e.run(reqs)]
 
-    spy = Spy(_drafter(method, tiny_dir), k)
+    spy = Spy(_drafter(method, tiny_dir, tmp_path), k)
     out = run(spy)
     assert spy.calls > 0 and all(len(o) == 10 for o in out)
     if temperature == 0.0:

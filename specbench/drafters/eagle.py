@@ -49,7 +49,7 @@ class EagleDrafter:
                  temperature: float | None = None, aux_layers: list[int] | None = None, aux_convention: str = "auto",
                  model: EagleDraft | None = None) -> None:
         """path: the head's folder (null = the head shipped for the embedded SmolLM2 target; EAGLE-1 has none).
-        tree: null = a chain of depth k; {topk, num_draft_tokens} = EAGLE-2 dynamic tree of depth k.
+        tree: {topk, num_draft_tokens} = EAGLE-2 dynamic tree of depth k; null or topk null = a chain of depth k.
         aux_layers / aux_convention: override the checkpoint's eagle_aux_hidden_state_layer_ids."""
         if version not in (1, 3):
             raise UserError(f"method.drafter.version={version}; valid: 1 (EAGLE-1), 3 (EAGLE-3)")
@@ -60,8 +60,8 @@ class EagleDrafter:
         self.aux_override = list(aux_layers) if aux_layers else None
         self.aux_convention = aux_convention
         self.topk, self.num_draft_tokens = 1, None
-        if tree is not None:
-            topk, n = int(tree.get("topk", 4)), tree.get("num_draft_tokens")
+        if tree is not None and tree.get("topk") is not None:
+            topk, n = int(tree["topk"]), tree.get("num_draft_tokens")
             if topk < 1:
                 raise UserError(f"method.tree.topk={topk}: must be >= 1")
             if n is not None and int(n) < 1:
@@ -113,6 +113,14 @@ class EagleDrafter:
         qsrc = [0] * f + [1 + (d - 1) * f + j for d in range(1, k) for j in range(f) for _ in range(f)]
         self.pool_depth = torch.tensor(depth, dtype=torch.long, device=self.device)
         self.pool_qsrc = torch.tensor(qsrc, dtype=torch.long, device=self.device)
+
+    def describe(self) -> dict:
+        """For results.json: the head actually used, its aux-layer convention and the drafting shape."""
+        c = self.model.config
+        return {"version": c.version, "path": self.path, "draft_vocab_size": c.draft_vocab_size,
+                "aux_layers": self.aux_info, "shape": "chain" if self.topk == 1 else "tree",
+                "tree": None if self.topk == 1 else {"topk": self.topk, "num_draft_tokens": self.max_nodes(
+                    self.M // self.topk + 1)}}
 
     # ---------------------------------------------------------------------------------------- helpers
     def _features(self, hidden: list[Tensor]) -> Tensor:

@@ -27,6 +27,9 @@ def format_summary(doc: dict) -> str:
             ("acceptance rate", _f(a["acceptance_rate"], "{:.3f}")),
             ("per position", " ".join(f"{p:.2f}" for p in a["per_position"])),
         ]
+    aux = (c.get("drafter") or {}).get("aux_layers")
+    if aux:
+        rows.append(("aux layers", f"{aux['layers']} ({aux['convention']}, from {aux['source']})"))
     if doc.get("baseline"):
         rows += [
             ("baseline tokens/s", f"{doc['baseline']['tokens_per_s']:.1f}"),

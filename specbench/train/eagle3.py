@@ -136,44 +136,52 @@ class Eagle3Method:
                             logit_index=torch.zeros(ids.shape[0], 1, dtype=torch.long))
         return torch.cat(o.hidden, -1).float(), o.normed.float()
 
-    def loss(self, ids: Tensor, mask: Tensor, index: list[int] | None = None) -> tuple[Tensor, dict[str, float]]:
+    def unroll(self, ids: Tensor, aux: Tensor):
+        """The training-time test: yields (j, o_j [B, T, H]) for j < ttt_steps; o_j at index i is the head's
+        output for the depth-(j+1) draft of a proposal whose last real pair is i (see the module docstring)."""
         head, layer = self.head, self.head.midlayer
+        attn = layer.self_attn
+        B, T = ids.shape
+        head.ensure_rope(T + self.ttt_steps + 1)
+        dt = head.fc.weight.dtype
+        h = head.fc(aux.to(dt))  # [B, T, H]
+        ks, vs = [], []
+        for j in range(self.ttt_steps):
+            s = 1 + j
+            emb = head.embed(F.pad(ids[:, s:], (0, s))).to(dt)  # token x_{i+1+j} at index i
+            x, residual = layer.attn_input(emb, h)
+            pos = torch.arange(T, device=ids.device) + j
+            cos, sin = head.cos_table[pos][None, :, None, :], head.sin_table[pos][None, :, None, :]
+            q = apply_rope(attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim), cos, sin)
+            ks.append(apply_rope(attn.k_proj(x).view(B, T, attn.n_kv, attn.head_dim), cos, sin))
+            vs.append(attn.v_proj(x).view(B, T, attn.n_kv, attn.head_dim))
+            h = layer.finish(residual, attn.o_proj(ttt_attention(q, ks, vs)))
+            yield j, h
+
+    def loss(self, ids: Tensor, mask: Tensor, index: list[int] | None = None) -> tuple[Tensor, dict[str, float]]:
+        head = self.head
         aux, normed = self._target_states(ids, index)
         B, T = ids.shape
         with torch.no_grad():
             t_logp = F.log_softmax(normed @ self.target_head.T, dim=-1)  # [B, T, Vd] target over the draft vocab
             in_vocab = head.t2d[ids].float()  # [B, T]
-        head.ensure_rope(T + self.ttt_steps + 1)
-        dt = head.fc.weight.dtype
-        h = head.fc(aux.to(dt))  # [B, T, H]
-        ks, vs = [], []
         total = torch.zeros((), dtype=torch.float32)
         stats: dict[str, float] = {}
-        attn = layer.self_attn
-        for j in range(self.ttt_steps):
+        for j, o in self.unroll(ids, aux):
             s = 1 + j
-            tok = F.pad(ids[:, s:], (0, s))  # token x_{i+1+j} at index i
-            emb = head.embed(tok).to(dt)
-            x, residual = layer.attn_input(emb, h)
-            pos = torch.arange(T) + j
-            cos, sin = head.cos_table[pos][None, :, None, :], head.sin_table[pos][None, :, None, :]
-            q = apply_rope(attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim), cos, sin)
-            ks.append(apply_rope(attn.k_proj(x).view(B, T, attn.n_kv, attn.head_dim), cos, sin))
-            vs.append(attn.v_proj(x).view(B, T, attn.n_kv, attn.head_dim))
-            o = layer.finish(residual, attn.o_proj(ttt_attention(q, ks, vs)))  # [B, T, H]
-            # target: next-token distribution at position i+1+j; trained where that token is a response token
-            # in the draft vocabulary
+            # target: the next-token distribution at position i+1+j, trained where that next token is a response
+            # token in the draft vocabulary
             valid = F.pad(mask[:, s:], (0, s)) * F.pad(in_vocab[:, s + 1:], (0, s + 1))
             sel = valid.reshape(-1).nonzero().squeeze(1)
-            if sel.numel():
-                lp = F.log_softmax(head.lm_head(head.norm(o.reshape(B * T, -1)[sel])).float(), dim=-1)
-                tgt = F.pad(t_logp[:, s:], (0, 0, 0, s)).reshape(B * T, -1)[sel]
-                loss_j = -(tgt.exp() * lp).sum(-1).mean()
-                total = total + self.step_weight ** j * loss_j
-                with torch.no_grad():
-                    stats[f"loss_{j}"] = float(loss_j)
-                    stats[f"acc_{j}"] = float((lp.argmax(-1) == tgt.argmax(-1)).float().mean())
-            h = o
+            if not sel.numel():
+                continue
+            lp = F.log_softmax(head.lm_head(head.norm(o.reshape(B * T, -1)[sel])).float(), dim=-1)
+            tgt = F.pad(t_logp[:, s:], (0, 0, 0, s)).reshape(B * T, -1)[sel]
+            loss_j = -(tgt.exp() * lp).sum(-1).mean()
+            total = total + self.step_weight ** j * loss_j
+            with torch.no_grad():  # kl = CE - the target's own entropy (what training can remove)
+                stats[f"kl_{j}"] = float(loss_j + (tgt.exp() * tgt).sum(-1).mean())
+                stats[f"acc_{j}"] = float((lp.argmax(-1) == tgt.argmax(-1)).float().mean())
         return total, stats
 
     def state_dict(self) -> dict[str, Tensor]:

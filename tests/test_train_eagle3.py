@@ -1,0 +1,165 @@
+"""EAGLE-3 training on a tiny target: the training-time test computes exactly what the drafter computes at
+inference, training lowers the loss and raises acceptance, cached target states match the online ones, the
+exported head loads back bit-exactly in the public format, and the CLI trains and exports end to end."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import TINY_CORPUS
+from specbench.data.prompts import Prompt
+from specbench.models.attention import AttnMeta
+from specbench.models.cache import KVCache
+from specbench.models.eagle import load_eagle
+from specbench.models.loading import load_model
+from specbench.models.transformer import build_mask
+from specbench.train.data import Example, tokenize
+from specbench.train.eagle3 import Eagle3Method, draft_vocabulary
+from specbench.train.trainer import Trainer, TrainSettings
+
+CPU = torch.device("cpu")
+AUX = [0, 1, 2]  # the tiny target has 2 layers
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir):
+    return load_model(str(tiny_dir), torch.float32, CPU)
+
+
+@pytest.fixture(scope="module")
+def items(tiny, tmp_path_factory):
+    """Self-distillation data: the tiny target's own greedy responses to word prompts."""
+    from specbench.train.__main__ import regenerate
+
+    words = " ".join(TINY_CORPUS).split()
+    prompts = [Example(" ".join(words[i:i + 3]), "", f"p{i}") for i in range(0, 36)]
+    examples = regenerate(tiny.model, tiny.tokenizer, prompts, 24, tmp_path_factory.mktemp("regen") / "r.jsonl")
+    return tokenize(examples, tiny.tokenizer, 64)
+
+
+def _method(tiny, items, **kw):
+    words = " ".join(TINY_CORPUS).split()
+    prompts = [Prompt(id=str(i), prompt=" ".join(words[i + 1:i + 4])) for i in range(0, 36, 6)]
+    return Eagle3Method(tiny.model, tiny.tokenizer, items, **{"draft_vocab_size": 200, "ttt_steps": 3, "aux_layers": AUX,
+                        "eval_prompts": prompts, "eval_k": 3, "eval_max_new_tokens": 16, **kw})
+
+
+def _settings(**kw):
+    base = dict(steps=60, batch_size=4, lr=1e-2, warmup=3, eval_every=0, save_every=20, log_every=5, bf16=False)
+    return TrainSettings(**{**base, **kw})
+
+
+def test_draft_vocabulary_is_the_most_frequent_response_tokens(items):
+    ids = draft_vocabulary(items, 384, 10, always=(2,))
+    assert len(ids) == 10 and 2 in ids.tolist() and ids.tolist() == sorted(ids.tolist())
+    from collections import Counter
+
+    c = Counter(t for x in items for t, m in zip(x.ids, x.loss_mask) if m)
+    top = {t for t, _ in sorted(c.items(), key=lambda kv: (-kv[1], kv[0]))[:9]}
+    assert top <= set(ids.tolist())
+
+
+@torch.no_grad()
+def test_training_time_test_is_the_inference_computation(tiny, items):
+    """o_j at index i from the unrolled training forward == the chain drafter's depth-(j+1) forward after the
+    pairs 0..i were cached: the same pairs, positions and attention (prefix + own chain)."""
+    m = _method(tiny, items, ttt_steps=4)
+    head = m.head
+    ids = torch.tensor([items[0].ids[:20]])
+    aux = torch.cat(tiny.model(ids, None, hidden_layers=AUX).hidden, -1)
+    outs = dict(m.unroll(ids, aux))
+    for i in (0, 5, 11):
+        cache = KVCache(1, 1, head.config.num_kv_heads, 40, head.config.head_dim, torch.float32)
+        slots = torch.arange(i + 1)[None]
+        o = head.step(ids[:, 1:i + 2], aux[:, :i + 1], slots, cache, (torch.zeros_like(slots), slots),
+                      AttnMeta(i + 1, build_mask(cache.seq_lens, i + 1, i + 1, None)), from_target=True)
+        torch.testing.assert_close(o[0, i], outs[0][0, i], atol=1e-5, rtol=1e-5)
+        cache.seq_lens.fill_(i + 1)
+        h = o[:, i:i + 1]
+        for j in range(1, 4):  # feed the head's own output with the next (teacher-forced) token
+            s = torch.tensor([[i + j]])
+            h = head.step(ids[:, i + 1 + j: i + 2 + j], h, s, cache, (torch.zeros_like(s), s),
+                          AttnMeta(i + j + 1, build_mask(cache.seq_lens, 1, i + j + 1, None)), from_target=False)
+            cache.seq_lens += 1
+            torch.testing.assert_close(h[0, 0], outs[j][0, i], atol=1e-5, rtol=1e-5)
+
+
+def test_training_lowers_loss_and_raises_acceptance(tiny, items, tmp_path):
+    """The loss is soft-label CE, dominated here by the random target's own entropy; the part training can
+    remove (KL to the target) must fall, and greedy acceptance with the decode loop must rise."""
+    method = _method(tiny, items, draft_vocab_size=384)
+    before = method.evaluate()["eval/mean_acceptance_length"]
+    hist = Trainer(method, items, _settings(), tmp_path, progress=False).fit()
+    logged = [h for h in hist if "loss" in h]
+    assert logged[-1]["loss"] < logged[0]["loss"] and logged[-1]["kl_0"] < 0.5 * logged[0]["kl_0"]
+    after = hist[-1]
+    assert after["eval/mean_acceptance_length"] > before, (before, after)
+    assert "eval/per_position_0" in after and "acc_0" in logged[0]
+
+
+def test_cached_states_match_online(tiny, items, tmp_path):
+    from specbench.train.features import TargetStates
+
+    method = _method(tiny, items)
+    t = Trainer(method, items, _settings(), tmp_path / "x", progress=False)
+    ids, mask, index = t.batch(0, 0)
+    online, _ = method.loss(ids, mask, index)
+    method.states = TargetStates(tiny.model, items, tuple(AUX), tmp_path / "cache", chunk=5, progress=False)
+    cached, _ = method.loss(ids, mask, index)
+    torch.testing.assert_close(cached, online, atol=2e-2, rtol=2e-2)  # states are stored in bfloat16
+    files = sorted(method.states.dir.glob("chunk_*.safetensors"))
+    assert len(files) == (len(items) + 4) // 5
+    stamp = [f.stat().st_mtime_ns for f in files]
+    again = TargetStates(tiny.model, items, tuple(AUX), tmp_path / "cache", chunk=5, progress=False)
+    assert again.dir == method.states.dir and [f.stat().st_mtime_ns for f in files] == stamp  # reused
+
+
+def test_export_round_trips_bit_exactly(tiny, items, tmp_path):
+    method = _method(tiny, items)
+    Trainer(method, items, _settings(steps=3), tmp_path, progress=False).fit()
+    method.export(tmp_path / "head")
+    back = load_eagle(tmp_path / "head", tiny.model)  # float32 target: the bf16 file widened exactly
+    assert back.config.aux_layers == AUX and back.config.draft_vocab_size == 200
+    want = method.head.state_dict()
+    for k, v in back.state_dict().items():
+        w = want[k] if k in ("d2t", "t2d") else want[k].to(torch.bfloat16).float()
+        assert torch.equal(v, w), k
+
+
+def test_resume_continues_the_same_run(tiny, items, tmp_path):
+    straight = _method(tiny, items)
+    Trainer(straight, items, _settings(steps=6, save_every=3), tmp_path / "a", progress=False).fit()
+    first = _method(tiny, items)
+    Trainer(first, items, _settings(steps=6, save_every=3), tmp_path / "b", progress=False).fit(stop_after=3)
+    resumed = _method(tiny, items)
+    t = Trainer(resumed, items, _settings(steps=6, save_every=3), tmp_path / "b", progress=False)
+    assert t.try_resume() and t.step == 3
+    t.fit()
+    for (k, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_train_cli_eagle3(tmp_path, tiny_dir):
+    from conftest import write_jsonl
+
+    recs = [{"instruction": TINY_CORPUS[i % 4].split()[0], "input": "", "output": " ".join(TINY_CORPUS[i % 4].split()[1:] * 2)}
+            for i in range(12)]
+    data = write_jsonl(tmp_path / "d.jsonl", recs)
+    args = [sys.executable, "-m", "specbench.train", "method=eagle3", f"model.path={tiny_dir}", f"data.paths=[{data}]",
+            "data.eval_prompts=2", "train.steps=3", "train.batch_size=2", "progress=false", "dtype=float32",
+            "method.draft_vocab_size=100", "method.aux_layers=[0,1,2]", "method.eval_max_new_tokens=8",
+            f"hydra.run.dir={tmp_path / 'run'}", "data.teacher=cached", f"cache_dir={tmp_path / 'cache'}"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cfg = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == 100
+    assert list((tmp_path / "cache" / "states").glob("*/chunk_00000.safetensors"))
+    bad = subprocess.run([*args, "method.ttt_steps=0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "train.method.ttt_steps=0" in bad.stderr
+    bad = subprocess.run([*args, "method.aux_layers=[0,1,9]"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "train.method.aux_layers=[0, 1, 9]" in bad.stderr
