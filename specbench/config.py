@@ -20,6 +20,7 @@ class ModelSchema:
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template
     system_prompt: Optional[str] = None  # null = the template's own default
     attention: str = "auto"  # auto | sdpa | flash
+    linear: str = "auto"  # auto (CPU small-M matmul kernels, see models/cpu_kernels.py) | torch
 
 
 @dataclass

@@ -147,6 +147,12 @@ def run(cfg: DictConfig) -> dict:
         torch.set_num_threads(int(cfg.threads))
     device = resolve_device(cfg.device)
     dtype = resolve_dtype(cfg.dtype, device)
+    from specbench.models import cpu_kernels
+
+    try:
+        cpu_kernels.set_mode(str(cfg.model.linear))
+    except ValueError as e:
+        raise UserError(str(e)) from None
     prompts = load_prompts(cfg.dataset.name, cfg.dataset.path, cfg.dataset.limit, cfg.dataset.hf_name,
                            cfg.dataset.split, cfg.dataset.field, cfg.dataset.per_category)
     target = get_target(cfg, device, dtype)

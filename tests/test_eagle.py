@@ -343,3 +343,38 @@ def test_sampling_is_lossless(small8, tree):
     assert accepted > 200  # the drafts are accepted often enough for the test to see the rule at work
     stat, dof = _chi2_stat(counts, exact)
     assert stat < _chi2_critical(dof), (stat, dof)
+
+
+@torch.no_grad()
+def test_chain_equals_a_manual_greedy_unroll(target, head3):
+    """The drafter's chain is the head's own greedy unroll: pairs 0..p-1 from target states, then each step
+    embeds the previous draft's *target* id (d2t-mapped, not its draft-vocabulary index) with the previous
+    output as hidden, one position further. Regression: feeding draft indices to the embedding."""
+    from specbench.drafters.base import Admitted, BatchState
+
+    k = 4
+    d = EagleDrafter(path=str(head3))
+    d.setup(target.model, 1, 64, k, SamplingParams(), torch.Generator())
+    ids = torch.tensor([PROMPTS[0] + PROMPTS[2]])
+    p = ids.shape[1] - 1
+    out = target.model(ids, None, hidden_layers=d.hidden_layers)
+    feats = torch.cat(out.hidden, -1)
+    st = BatchState(seq_lens=torch.tensor([p]), last=ids[:, p:], active=torch.ones(1, dtype=torch.long),
+                    history=[], host_lens=[p], k=k)
+    d.prefill([0], Admitted(st, ids[:, :p], [p]), type(out)(logits=out.logits, hidden=[h[:, :p] for h in out.hidden]))
+    chain = d.propose(st).tokens[0].tolist()
+    head = d.model
+    cache = KVCache(1, 1, head.config.num_kv_heads, 64, head.config.head_dim, torch.float32)
+    slots = torch.arange(p)[None]  # pairs (state j, token j+1), j < p; the last token is the sampled one
+    o = head.step(ids[:, 1:], feats[:, :p], slots, cache, (torch.zeros_like(slots), slots),
+                  AttnMeta(p, build_mask(cache.seq_lens, p, p, None)), from_target=True)[:, -1:]
+    cache.seq_lens.fill_(p)
+    want = []
+    for j in range(k):
+        want.append(int(head.draft_ids[head.logits(o[0, 0]).argmax()]))
+        s = torch.tensor([[p + j]])
+        o = head.step(torch.tensor([[want[-1]]]), o, s, cache, (torch.zeros_like(s), s),
+                      AttnMeta(p + 1 + j, build_mask(cache.seq_lens, 1, p + 1 + j, None)), from_target=False)
+        cache.seq_lens += 1
+    assert chain == want
+    assert not torch.equal(head.draft_ids, torch.arange(len(head.draft_ids)))  # d2t is not the identity here

@@ -192,7 +192,8 @@ class EagleDrafter:
         q_all = [self._log_q(self.model.logits(o))]  # [B, 1, Vd]
         tok, prio = self._children(q_all[0], f)  # depth-1 candidates [B, 1, f]
         pool_tok, pool_prio, pool_par = [tok.view(B, f)], [prio.view(B, f)], [torch.full((B, f), -1, device=self.device)]
-        front_tok, front_prio = tok.view(B, f), prio.view(B, f)
+        ids = self.draft_ids  # the head embeds target ids; candidates are draft-vocabulary indices
+        front_tok, front_prio = ids[tok.view(B, f)], prio.view(B, f)
         front_hid, front_pool = o.expand(B, f, H), torch.arange(f, device=self.device).expand(B, f)
         anc = torch.zeros(B, f, self.M, dtype=torch.bool, device=self.device)
         eye = torch.arange(f, device=self.device)
@@ -213,7 +214,7 @@ class EagleDrafter:
             if d < k - 1:  # the next frontier: the f best candidates of this depth
                 sel = cprio.reshape(B, f * f).topk(f, dim=-1).indices  # [B, f]
                 par = sel // f
-                front_tok = ctok.reshape(B, -1).gather(1, sel)
+                front_tok = ids[ctok.reshape(B, -1).gather(1, sel)]
                 front_prio = cprio.reshape(B, -1).gather(1, sel)
                 front_hid = o.gather(1, par[..., None].expand(B, f, H))
                 anc = anc.gather(1, par[..., None].expand(B, f, self.M))

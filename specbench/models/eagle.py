@@ -30,6 +30,7 @@ from specbench.log import log
 from specbench.models.attention import AttnMeta, attend
 from specbench.models.cache import KVCache
 from specbench.models.config import ModelConfig
+from specbench.models.cpu_kernels import Linear
 from specbench.models.transformer import RMSNorm, apply_rope, rope_inv_freq
 
 
@@ -131,10 +132,10 @@ class EagleAttention(nn.Module):
     def __init__(self, cfg: EagleConfig, in_dim: int) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.q_proj = nn.Linear(in_dim, cfg.num_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(in_dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(in_dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
-        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
+        self.q_proj = Linear(in_dim, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = Linear(in_dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = Linear(in_dim, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = Linear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, cache: KVCache, slots: tuple[Tensor, Tensor],
                 meta: AttnMeta) -> Tensor:
@@ -149,9 +150,9 @@ class EagleAttention(nn.Module):
 class EagleMLP(nn.Module):
     def __init__(self, cfg: EagleConfig) -> None:
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
@@ -199,14 +200,14 @@ class EagleDraft(nn.Module):
         self.config = cfg
         H, Ht = cfg.hidden_size, cfg.target_hidden_size
         if cfg.version == 3:
-            self.fc = nn.Linear(3 * Ht, H, bias=False)
+            self.fc = Linear(3 * Ht, H, bias=False)
             self.midlayer = EagleLayer(cfg)
             self.norm = RMSNorm(H, cfg.rms_norm_eps)
-            self.lm_head = nn.Linear(H, cfg.draft_vocab_size, bias=False)
+            self.lm_head = Linear(H, cfg.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))  # offsets
             self.register_buffer("t2d", torch.ones(cfg.vocab_size, dtype=torch.bool))
         else:
-            self.fc = nn.Linear(2 * Ht, H, bias=cfg.fc_bias)
+            self.fc = Linear(2 * Ht, H, bias=cfg.fc_bias)
             self.layers = nn.ModuleList([EagleLayer(cfg)])
         self.embed = embed  # the target's (or the checkpoint's own) token embedding; not a parameter here
         self.target_head = target_head  # EAGLE-1: logits come from the target's lm_head
