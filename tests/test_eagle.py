@@ -304,7 +304,7 @@ def small8(tmp_path_factory):
     make_hf_model(d, vocab=VOCAB, seed=3, layers=1, hidden=32, heads=2, kv_heads=1, scale=0.6)
     h = tmp_path_factory.mktemp("v8h")
     make_eagle_head(h, json.loads((d / "config.json").read_text()), draft_vocab=6, aux_ids=[0, 1, 1], fmt="specforge",
-                    scale=0.5, seed=2)
+                    scale=0.3, seed=7)
     return load_model(str(d), torch.float32, CPU), h
 
 
@@ -346,14 +346,15 @@ def test_sampling_is_lossless(small8, tree):
 
 
 @torch.no_grad()
-def test_chain_equals_a_manual_greedy_unroll(target, head3):
+def test_chain_equals_a_manual_greedy_unroll(target, tcfg, tmp_path):
     """The drafter's chain is the head's own greedy unroll: pairs 0..p-1 from target states, then each step
     embeds the previous draft's *target* id (d2t-mapped, not its draft-vocabulary index) with the previous
     output as hidden, one position further. Regression: feeding draft indices to the embedding."""
     from specbench.drafters.base import Admitted, BatchState
 
     k = 4
-    d = EagleDrafter(path=str(head3))
+    make_eagle_head(tmp_path, tcfg, draft_vocab=200, aux_ids=[2, 3, 4], fmt="specforge", scale=0.3, seed=7)
+    d = EagleDrafter(path=str(tmp_path))
     d.setup(target.model, 1, 64, k, SamplingParams(), torch.Generator())
     ids = torch.tensor([PROMPTS[0] + PROMPTS[2]])
     p = ids.shape[1] - 1
@@ -376,5 +377,5 @@ def test_chain_equals_a_manual_greedy_unroll(target, head3):
         o = head.step(torch.tensor([[want[-1]]]), o, s, cache, (torch.zeros_like(s), s),
                       AttnMeta(p + 1 + j, build_mask(cache.seq_lens, 1, p + 1 + j, None)), from_target=False)
         cache.seq_lens += 1
-    assert chain == want
+    assert chain == want and len(set(want)) > 2  # the drafts depend on the fed-back token
     assert not torch.equal(head.draft_ids, torch.arange(len(head.draft_ids)))  # d2t is not the identity here
