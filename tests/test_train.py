@@ -187,3 +187,33 @@ def test_narrow_scratch_draft(tiny, data_file, tmp_path):
     assert run(DraftModelDrafter(model=draft)) == run(None)
     with pytest.raises(UserError, match="heads must divide"):
         _method(tiny, init="scratch", width={"hidden_size": 30, "num_heads": 4})
+
+
+def test_states_teacher_matches_online(tiny, data_file, tmp_path):
+    """data.teacher=states: the full-vocabulary KL from cached final-normed states (bf16 on disk)."""
+    from specbench.train.features import TargetStates
+
+    items = tokenize(load_examples(data_file), tiny.tokenizer, 64)
+    method = _method(tiny)
+    ids, mask, index = Trainer(method, items, _settings(), tmp_path / "x", progress=False).batch(0, 0)
+    online, _ = method.loss(ids, mask, index)
+    method.states = TargetStates(tiny.model, items, (0, 1, 2), tmp_path / "cache", chunk=5, progress=False)
+    cached, _ = method.loss(ids, mask, index)
+    torch.testing.assert_close(cached, online, atol=3e-2, rtol=3e-2)
+
+
+def test_svd_embedding_init(tiny):
+    width = {"hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "num_kv_heads": 1}
+    method = _method(tiny, init="scratch", num_layers=1, width=width, embed_init="svd")
+    E = tiny.model.tok_embeddings.weight.float()
+    _, _, vh = torch.linalg.svd(E, full_matrices=False)
+    want = E @ vh[:32].T
+    got = method.student.tok_embeddings.weight
+    assert got.shape == (E.shape[0], 32)
+    torch.testing.assert_close(got / got.norm(), want / want.norm(), atol=1e-5, rtol=1e-4)
+    head = method.student.output.weight  # the tiny target is untied: its head gets its own projection
+    _, _, vh = torch.linalg.svd(tiny.model.output.weight.float(), full_matrices=False)
+    ref = tiny.model.output.weight.float() @ vh[:32].T
+    torch.testing.assert_close(head / head.norm(), ref / ref.norm(), atol=1e-5, rtol=1e-4)
+    with pytest.raises(UserError, match="embed_init='svd' needs init=scratch"):
+        _method(tiny, embed_init="svd")

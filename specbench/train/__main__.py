@@ -46,7 +46,16 @@ def build_draft_model(cfg: DictConfig, lm, items, prompts):
     width = {k: m.get(k) for k in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads")}
     method = DraftModelMethod(lm.model, lm.tokenizer, init=m.init, layers=list(m.layers), num_layers=m.num_layers,
                               width={k: v for k, v in width.items() if v is not None} if m.init == "scratch" else None,
-                              eval_prompts=prompts, eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens))
+                              eval_prompts=prompts, eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens),
+                              embed_init=str(m.get("embed_init", "random")))
+    if cfg.data.teacher == "states":  # shares the EAGLE-3 state cache for the same data (default aux layers)
+        from specbench.models.eagle import default_aux_layers
+        from specbench.models.loading import cache_root
+        from specbench.train.features import TargetStates
+
+        layers = tuple(default_aux_layers(lm.model.config.num_layers))
+        method.states = TargetStates(lm.model, items, layers, cache_root(cfg.cache_dir), target_id=lm.path,
+                                     progress=bool(cfg.progress))
     if cfg.data.teacher == "cached":
         from specbench.models.loading import cache_root
         from specbench.train.features import TeacherTopK
@@ -67,7 +76,7 @@ def build_eagle3(cfg: DictConfig, lm, items, prompts):
                           ttt_steps=int(m.ttt_steps), step_weight=float(m.step_weight),
                           aux_layers=list(m.aux_layers) if m.aux_layers else None, eval_prompts=prompts,
                           eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens))
-    if cfg.data.teacher == "cached":
+    if cfg.data.teacher in ("cached", "states"):  # EAGLE-3 always trains from the state cache when cached
         from specbench.models.loading import cache_root
         from specbench.train.features import TargetStates
 
@@ -103,8 +112,8 @@ def train(cfg: DictConfig) -> dict:
         examples = regenerate(lm.model, lm.tokenizer, examples, int(cfg.data.regen_max_new_tokens), out / "regen.jsonl")
     items = tokenize(examples, lm.tokenizer, int(cfg.data.max_len))
     m = cfg.method
-    if cfg.data.teacher not in ("online", "cached"):
-        raise UserError(f"data.teacher={cfg.data.teacher!r}; valid: online, cached")
+    if cfg.data.teacher not in ("online", "cached", "states"):
+        raise UserError(f"data.teacher={cfg.data.teacher!r}; valid: online, cached, states")
     prompts = [Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(held)]
     if m.name == "eagle3":
         method = build_eagle3(cfg, lm, items, prompts)

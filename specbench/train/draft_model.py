@@ -72,9 +72,11 @@ class DraftModelMethod:
 
     def __init__(self, target: Transformer, tokenizer, *, init: str = "target_layers", layers: list[int] | None = None,
                  num_layers: int | None = None, width: dict | None = None, eval_prompts: list | None = None,
-                 eval_k: int = 4, eval_max_new_tokens: int = 48) -> None:
+                 eval_k: int = 4, eval_max_new_tokens: int = 48, embed_init: str = "random") -> None:
         if init not in ("target_layers", "scratch"):
             raise UserError(f"train.method.init={init!r}; valid: target_layers, scratch")
+        if embed_init not in ("random", "svd"):
+            raise UserError(f"train.method.embed_init={embed_init!r}; valid: random, svd")
         self.target, self.tokenizer = target, tokenizer
         keep = (layers or [0, 1]) if init == "target_layers" else None
         self.student = student_from_target(target, keep, num_layers, width)
@@ -83,9 +85,30 @@ class DraftModelMethod:
             for n, p in self.student.named_parameters():
                 if p.dim() == 2:
                     torch.nn.init.normal_(p, std=0.02)
+            if embed_init == "svd":
+                self._svd_embedding()
+        elif embed_init != "random":
+            raise UserError(f"train.method.embed_init={embed_init!r} needs init=scratch")
         self.student.train().requires_grad_(True)
         self.eval_prompts, self.eval_k, self.eval_max_new = eval_prompts or [], eval_k, eval_max_new_tokens
-        self.teacher = None  # a TeacherTopK to train from cached target features instead of on the fly
+        self.teacher = None  # a TeacherTopK to train from cached target top-k log-probs instead of on the fly
+        self.states = None  # or a TargetStates cache (full-vocabulary KL from the cached final-normed states)
+
+    @torch.no_grad()
+    def _svd_embedding(self) -> None:
+        """A narrow student's (tied) embedding starts as the target's projected on its top principal directions:
+        E_r = E V_r, so logits h E_r^T approximate the target's for hidden states h V_r in that subspace."""
+        r = self.student.config.hidden_size
+        pairs = [(self.target.tok_embeddings.weight, self.student.tok_embeddings.weight)]
+        if not self.student.config.tie_word_embeddings:  # an untied head gets its own projection
+            pairs.append((self.target.output.weight, self.student.output.weight))
+        for src, dst in pairs:
+            E = src.float()
+            if r > E.shape[1]:
+                raise UserError(f"train.method.embed_init=svd: hidden_size {r} exceeds the target's {E.shape[1]}")
+            _, _, vh = torch.linalg.svd(E, full_matrices=False)
+            proj = E @ vh[:r].T  # [V, r]
+            dst.copy_(proj / proj.pow(2).mean().sqrt())  # unit RMS per entry
 
     def parameters(self):
         return self.student.parameters()
@@ -95,7 +118,13 @@ class DraftModelMethod:
         computed on the fly, or over the target's cached top-k tokens (renormalised) when `self.teacher` is
         set — with k = vocabulary size both are the same number."""
         s_logp = F.log_softmax(self.student(ids, None).logits.float(), dim=-1)  # [B, T, V]
-        if self.teacher is None:
+        if self.states is not None:  # the target's final-normed states, cached: its logits are one matmul away
+            with torch.no_grad():
+                normed = self.states.get(index, ids.shape[1])[1]
+                t_logp = F.log_softmax(normed @ self.target.output.weight.float().T, dim=-1)
+            t_top = t_logp.argmax(-1)
+            kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1)  # [B, T]
+        elif self.teacher is None:
             with torch.no_grad():
                 t_logp = F.log_softmax(self.target(ids, None).logits.float(), dim=-1)
             t_top = t_logp.argmax(-1)
