@@ -98,7 +98,7 @@ class EagleDrafter:
         self.target, self.device = target, target.device
         t = params.temperature if self.temperature is None else self.temperature
         self.params, self.gen = SamplingParams(t, 1.0), gen
-        f = self.topk
+        f, self.k = self.topk, k
         self.M = (k - 1) * f  # head scratch slots for the frontier forwards of one proposal
         self.cache = KVCache(1, batch_size, cfg.num_kv_heads, max_len + self.M + k + 2, cfg.head_dim,
                              self.model.fc.weight.dtype, self.device)
@@ -119,8 +119,7 @@ class EagleDrafter:
         c = self.model.config
         return {"version": c.version, "path": self.path, "draft_vocab_size": c.draft_vocab_size,
                 "aux_layers": self.aux_info, "shape": "chain" if self.topk == 1 else "tree",
-                "tree": None if self.topk == 1 else {"topk": self.topk, "num_draft_tokens": self.max_nodes(
-                    self.M // self.topk + 1)}}
+                "tree": None if self.topk == 1 else {"topk": self.topk, "num_draft_tokens": self.max_nodes(self.k)}}
 
     # ---------------------------------------------------------------------------------------- helpers
     def _features(self, hidden: list[Tensor]) -> Tensor:

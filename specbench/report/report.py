@@ -29,7 +29,9 @@ class Row:
 
     @property
     def method(self) -> str:
-        return self.doc["config"].get("method", {}).get("name", "?")
+        name = self.doc["config"].get("method", {}).get("name", "?")
+        tree = (self.doc["config"].get("drafter") or {}).get("tree")
+        return f"{name} tree {tree['topk']}x{tree['num_draft_tokens']}" if tree else name
 
     @property
     def k(self) -> int:
