@@ -163,3 +163,16 @@ def test_train_cli_eagle3(tmp_path, tiny_dir):
     assert bad.returncode == 2 and "train.method.ttt_steps=0" in bad.stderr
     bad = subprocess.run([*args, "method.aux_layers=[0,1,9]"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "train.method.aux_layers=[0, 1, 9]" in bad.stderr
+
+
+def test_init_from_continues_earlier_weights(tiny, items, tmp_path):
+    from specbench.errors import UserError
+
+    first = _method(tiny, items, draft_vocab_size=150)
+    Trainer(first, items, _settings(steps=3, save_every=3), tmp_path / "run", progress=False).fit()
+    again = _method(tiny, items, init_from=str(tmp_path / "run"))  # its checkpoint (fp32)
+    for k, v in first.state_dict().items():
+        assert torch.equal(again.state_dict()[k], v), k
+    assert again.head.config.draft_vocab_size == 150  # the vocabulary comes with the weights
+    with pytest.raises(UserError, match="init_from=.*no checkpoint"):
+        _method(tiny, items, init_from=str(tmp_path / "nothing"))

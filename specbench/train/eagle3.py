@@ -74,6 +74,17 @@ def new_head(target: Transformer, draft_ids: Tensor, aux_layers: list[int]) -> E
     return head
 
 
+def _read_start(path: str) -> dict[str, Tensor]:
+    """Weights to start from: a training run's folder (its checkpoint, fp32) or an exported head folder."""
+    from safetensors.torch import load_file
+
+    p = Path(path).expanduser()
+    for f in (p / "checkpoint" / "model.safetensors", p / "model.safetensors", p):
+        if f.is_file():
+            return load_file(str(f))
+    raise UserError(f"train.method.init_from={path}: no checkpoint/model.safetensors or model.safetensors there")
+
+
 def inference_copy(head: EagleDraft, target: Transformer) -> EagleDraft:
     """A frozen copy in the target's dtype sharing the target's embedding (for evaluation with the loop)."""
     out = EagleDraft(head.config, target.tok_embeddings)
@@ -108,7 +119,8 @@ class Eagle3Method:
 
     def __init__(self, target: Transformer, tokenizer, items: list[Tokenized], *, draft_vocab_size: int = 8192,
                  ttt_steps: int = 4, step_weight: float = 0.8, aux_layers: list[int] | None = None,
-                 eval_prompts: list | None = None, eval_k: int = 3, eval_max_new_tokens: int = 48) -> None:
+                 eval_prompts: list | None = None, eval_k: int = 3, eval_max_new_tokens: int = 48,
+                 init_from: str | None = None) -> None:
         if ttt_steps < 1:
             raise UserError(f"train.method.ttt_steps={ttt_steps}: must be >= 1")
         self.target, self.tokenizer = target, tokenizer
@@ -117,8 +129,18 @@ class Eagle3Method:
         if len(self.aux_layers) != 3 or not all(0 <= i <= N for i in self.aux_layers):
             raise UserError(f"train.method.aux_layers={self.aux_layers}: need 3 capture-before ids in 0..{N}")
         eos = tuple(target.config.eos_token_id)
-        ids = draft_vocabulary(items, target.config.vocab_size, draft_vocab_size, eos)
+        start = _read_start(init_from) if init_from else None
+        if start is not None:  # continue from earlier weights: keep their draft vocabulary
+            ids = torch.arange(start["d2t"].shape[0]) + start["d2t"].long()
+        else:
+            ids = draft_vocabulary(items, target.config.vocab_size, draft_vocab_size, eos)
         self.head = new_head(target, ids, self.aux_layers)
+        if start is not None:
+            try:
+                self.head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in start.items()})
+            except RuntimeError as e:
+                raise UserError(f"train.method.init_from={init_from}: does not fit this target "
+                                f"({str(e).splitlines()[-1].strip()[:160]})") from None
         self.head.train()
         self.ttt_steps, self.step_weight = ttt_steps, step_weight
         self.eval_prompts, self.eval_k, self.eval_max_new = eval_prompts or [], eval_k, eval_max_new_tokens
