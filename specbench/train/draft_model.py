@@ -108,7 +108,7 @@ class DraftModelMethod:
                 raise UserError(f"train.method.embed_init=svd: hidden_size {r} exceeds the target's {E.shape[1]}")
             _, _, vh = torch.linalg.svd(E, full_matrices=False)
             proj = E @ vh[:r].T  # [V, r]
-            dst.copy_(proj / proj.pow(2).mean().sqrt())  # unit RMS per entry
+            dst.copy_(proj)  # the target's scale: logits start at the target's temperature, not peaked
 
     def parameters(self):
         return self.student.parameters()
