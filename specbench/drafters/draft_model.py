@@ -8,6 +8,8 @@ loop never needs to know on the host which rows have two pending tokens.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import Tensor
 
@@ -16,16 +18,21 @@ from specbench.engine.sampling import SamplingParams, sample_from, target_probs
 from specbench.errors import UserError
 from specbench.models.loading import load_model
 
+SHIPPED = Path(__file__).resolve().parent.parent / "weights" / "smollm2-135m-draft"
+
 
 class DraftModelDrafter:
     hidden_layers: tuple[int, ...] = ()
 
     def __init__(self, path: str | None = None, max_draft_len: int = 16, temperature: float | None = None,
                  cache_dir: str | None = None, model=None) -> None:
-        """path: HF folder / .safetensors / .gguf of the draft model. temperature: the draft's sampling
+        """path: HF folder / .safetensors / .gguf of the draft model (null = the one shipped for the embedded
+        SmolLM2 target, when present). temperature: the draft's sampling
         temperature (null = the run's); `model` passes an already built Transformer (tests)."""
         if path is None and model is None:
-            raise UserError("method=draft_model needs method.drafter.path=<HF folder, .safetensors or .gguf>")
+            if not (SHIPPED / "config.json").is_file():
+                raise UserError("method=draft_model needs method.drafter.path=<HF folder, .safetensors or .gguf>")
+            path = str(SHIPPED)  # the draft model shipped for the embedded SmolLM2 target
         self.path, self.max_draft_len, self.temperature = path, max_draft_len, temperature
         self.cache_dir, self.model = cache_dir, model
 
