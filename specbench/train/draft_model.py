@@ -115,29 +115,38 @@ class DraftModelMethod:
 
     def loss(self, ids: Tensor, mask: Tensor, index: list[int] | None = None) -> tuple[Tensor, dict[str, float]]:
         """Mean over trained positions of KL(p_target || p_draft): over the full vocabulary with the target
-        computed on the fly, or over the target's cached top-k tokens (renormalised) when `self.teacher` is
-        set — with k = vocabulary size both are the same number."""
-        s_logp = F.log_softmax(self.student(ids, None).logits.float(), dim=-1)  # [B, T, V]
-        if self.states is not None:  # the target's final-normed states, cached: its logits are one matmul away
-            with torch.no_grad():
-                normed = self.states.get(index, ids.shape[1])[1]
-                t_logp = F.log_softmax(normed @ self.target.output.weight.float().T, dim=-1)
-            t_top = t_logp.argmax(-1)
-            kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1)  # [B, T]
-        elif self.teacher is None:
-            with torch.no_grad():
-                t_logp = F.log_softmax(self.target(ids, None).logits.float(), dim=-1)
-            t_top = t_logp.argmax(-1)
-            kl = (t_logp.exp() * (t_logp - s_logp)).sum(-1)  # [B, T]
-        else:
-            vals, tok = self.teacher.get(index, ids.shape[1])  # [B, T, k]
+        computed on the fly or from cached final-normed states, or over the target's cached top-k tokens
+        (renormalised) when `self.teacher` is set — with k = vocabulary size all three are the same number.
+
+        Only the trained (response) positions go through the vocabulary-wide heads: on a 49k vocabulary the
+        heads and softmaxes are most of a step."""
+        B, T = ids.shape
+        dummy = torch.zeros(B, 1, dtype=torch.long, device=ids.device)
+        sel = mask.reshape(-1).nonzero().squeeze(1)  # [n] flat indices of trained positions
+        h = self.student(ids, None, logit_index=dummy, return_normed=True).normed
+        s_logits = self.student.output(h.reshape(B * T, -1)[sel]).float()  # [n, V]
+        if self.teacher is not None:
+            vals, tok = self.teacher.get(index, T)  # [B, T, k]
+            vals, tok = vals.reshape(B * T, -1)[sel], tok.reshape(B * T, -1)[sel]
             t_logp = vals - torch.logsumexp(vals, dim=-1, keepdim=True)  # renormalise over the top-k
-            t_top = tok[..., 0]
+            s_logp = F.log_softmax(s_logits, dim=-1)
             kl = (t_logp.exp() * (t_logp - s_logp.gather(-1, tok))).sum(-1)
-        n = mask.sum().clamp(min=1.0)
-        loss = (kl * mask).sum() / n
+            loss, t_top = kl.mean() if sel.numel() else s_logits.sum() * 0, tok[:, 0]
+        else:
+            with torch.no_grad():
+                if self.states is not None:  # cached final-normed states: the target's logits are one matmul away
+                    normed = self.states.get(index, T)[1]
+                else:
+                    normed = self.target(ids, None, logit_index=dummy, return_normed=True).normed
+                t_logits = self.target.output(normed.reshape(B * T, -1)[sel].to(self.target.dtype)).float()
+                t_logp = F.log_softmax(t_logits, dim=-1)
+                t_p = t_logp.exp()
+                entropy = -(t_p * t_logp).sum(-1).mean() if sel.numel() else torch.zeros(())
+            # KL = CE(p, q) - H(p); the fused soft-label cross entropy has the same gradient, cheaper
+            loss = F.cross_entropy(s_logits, t_p) - entropy if sel.numel() else s_logits.sum() * 0
+            t_top = t_logits.argmax(-1)
         with torch.no_grad():
-            top1 = ((t_top == s_logp.argmax(-1)).float() * mask).sum() / n
+            top1 = (t_top == s_logits.argmax(-1)).float().mean() if sel.numel() else torch.zeros(())
         return loss, {"top1_agreement": float(top1)}
 
     def state_dict(self) -> dict[str, Tensor]:
