@@ -65,7 +65,8 @@ def bf16_kernel():
         if not (build / "specbench_linear_bf16.so").is_file():
             log("building the AVX2 bf16 linear kernel (first use only, ~1 min)")
         _state["ext"] = load(name="specbench_linear_bf16", sources=[str(_SRC)], build_directory=str(build),
-                             extra_cflags=["-O3", "-mavx2", "-mfma"], verbose=False)
+                             extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                             extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as e:  # noqa: BLE001 - no compiler / ninja: fall back to torch, say so once
         log(f"WARNING: the AVX2 bf16 kernel did not build ({type(e).__name__}: {str(e).splitlines()[0][:160]}); "
             "bf16 matmuls use PyTorch's kernels, which are slow for multi-token steps on this CPU")

@@ -2,15 +2,15 @@
 //
 // There, PyTorch's bf16 matmul has no fast kernel: its cost grows linearly with the number of rows M (a verify
 // forward of 4 tokens costs 2x a decode step). This kernel streams each weight row once, widens it to fp32 in
-// fp32 and multiplies it with 4 activation rows at a time, so for the small M of decoding and
+// registers and multiplies it with up to 4 activation rows at a time, so for the small M of decoding and
 // speculative verification it stays memory-bound (~the cost of M = 1). Accumulation is fp32; each output is
 // rounded once to bf16 (round to nearest even). Built on first use by specbench/models/cpu_kernels.py.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
-#include <vector>
 
 // y[m, n] = sum_k x[m, k] * w[n, k]; x bf16 [M, K], w bf16 [N, K] -> y bf16 [M, N].
 static inline __m256 load_bf16x8(const uint16_t* p) {
@@ -31,33 +31,56 @@ static inline uint16_t to_bf16(float f) {  // round to nearest even (NaN not exp
   return static_cast<uint16_t>(u >> 16);
 }
 
-// 2 weight rows x up to 4 activation rows per inner loop (8 fp32 accumulators). The weight pair is widened to
-// fp32 once into a small buffer, so activation blocks beyond the first re-read it from L1 without converting.
-static void rows2(const uint16_t* w0, const float* X, int64_t M, int64_t K, float* buf, float* out0, float* out1) {
-  const uint16_t* w1 = w0 + K;
+// R weight rows x MB (<= 4) activation rows: each weight vector is widened once in registers and used for every
+// activation row; R * MB independent fp32 accumulators keep the FMA pipes busy while the rows stream in.
+template <int R, int MB>
+static inline void tile(const uint16_t* w, const float* X, int64_t K, float* out /* [R][MB] */) {
+  __m256 acc[R][MB];
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MB; ++i) acc[r][i] = _mm256_setzero_ps();
   for (int64_t k = 0; k < K; k += 8) {
-    _mm256_storeu_ps(buf + k, load_bf16x8(w0 + k));
-    _mm256_storeu_ps(buf + K + k, load_bf16x8(w1 + k));
-  }
-  const float* b0 = buf;
-  const float* b1 = buf + K;
-  for (int64_t m0 = 0; m0 < M; m0 += 4) {
-    const int64_t mb = std::min<int64_t>(4, M - m0);
-    const float* x0 = X + m0 * K;
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
-    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-    for (int64_t k = 0; k < K; k += 8) {
-      __m256 v0 = _mm256_loadu_ps(b0 + k), v1 = _mm256_loadu_ps(b1 + k);
-      __m256 xv = _mm256_loadu_ps(x0 + k);
-      a00 = _mm256_fmadd_ps(xv, v0, a00); a10 = _mm256_fmadd_ps(xv, v1, a10);
-      if (mb > 1) { xv = _mm256_loadu_ps(x0 + K + k); a01 = _mm256_fmadd_ps(xv, v0, a01); a11 = _mm256_fmadd_ps(xv, v1, a11); }
-      if (mb > 2) { xv = _mm256_loadu_ps(x0 + 2 * K + k); a02 = _mm256_fmadd_ps(xv, v0, a02); a12 = _mm256_fmadd_ps(xv, v1, a12); }
-      if (mb > 3) { xv = _mm256_loadu_ps(x0 + 3 * K + k); a03 = _mm256_fmadd_ps(xv, v0, a03); a13 = _mm256_fmadd_ps(xv, v1, a13); }
+    __m256 v[R];
+    for (int r = 0; r < R; ++r) v[r] = load_bf16x8(w + r * K + k);
+    for (int i = 0; i < MB; ++i) {
+      const __m256 xv = _mm256_loadu_ps(X + i * K + k);
+      for (int r = 0; r < R; ++r) acc[r][i] = _mm256_fmadd_ps(xv, v[r], acc[r][i]);
     }
-    const __m256 acc0[4] = {a00, a01, a02, a03}, acc1[4] = {a10, a11, a12, a13};
-    for (int64_t i = 0; i < mb; ++i) {
-      out0[m0 + i] = hsum(acc0[i]);
-      out1[m0 + i] = hsum(acc1[i]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int i = 0; i < MB; ++i) out[r * MB + i] = hsum(acc[r][i]);
+}
+
+// Rows [n0, n1) of W against activation rows [m0, m0 + MB) of X, written to Y (bf16, row stride N).
+template <int R, int MB>
+static void block(const uint16_t* W, const float* X, uint16_t* Y, int64_t n0, int64_t n1, int64_t m0, int64_t K,
+                  int64_t N) {
+  float out[R * MB];
+  int64_t n = n0;
+  for (; n + R <= n1; n += R) {
+    tile<R, MB>(W + n * K, X + m0 * K, K, out);
+    for (int r = 0; r < R; ++r)
+      for (int i = 0; i < MB; ++i) Y[(m0 + i) * N + n + r] = to_bf16(out[r * MB + i]);
+  }
+  for (; n < n1; ++n) {
+    tile<1, MB>(W + n * K, X + m0 * K, K, out);
+    for (int i = 0; i < MB; ++i) Y[(m0 + i) * N + n] = to_bf16(out[i]);
+  }
+}
+
+static void rows(const uint16_t* W, const float* X, uint16_t* Y, int64_t n0, int64_t n1, int64_t M, int64_t K,
+                 int64_t N) {
+  // Activation blocks of 4 re-read the same weight rows; for M > 4 those re-reads hit the cache (each thread's
+  // chunk of rows is walked in slices small enough to stay in L2 across the blocks).
+  const int64_t slice = M <= 4 ? n1 - n0 : std::max<int64_t>(4, (128 * 1024) / (2 * K));
+  for (int64_t s0 = n0; s0 < n1; s0 += slice) {
+    const int64_t s1 = std::min(n1, s0 + slice);
+    for (int64_t m0 = 0; m0 < M; m0 += 4) {
+      switch (std::min<int64_t>(4, M - m0)) {
+        case 1: block<4, 1>(W, X, Y, s0, s1, m0, K, N); break;
+        case 2: block<2, 2>(W, X, Y, s0, s1, m0, K, N); break;
+        case 3: block<2, 3>(W, X, Y, s0, s1, m0, K, N); break;
+        default: block<2, 4>(W, X, Y, s0, s1, m0, K, N); break;
+      }
     }
   }
 }
@@ -73,27 +96,8 @@ torch::Tensor linear_bf16(torch::Tensor x, torch::Tensor w) {
   const float* X = xf.data_ptr<float>();
   const uint16_t* W = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
   uint16_t* Y = reinterpret_cast<uint16_t*>(y.data_ptr<at::BFloat16>());
-  at::parallel_for(0, (N + 1) / 2, 8, [&](int64_t p0, int64_t p1) {
-    std::vector<float> buf(2 * K), o0(M), o1(M);
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t n = 2 * p;
-      if (n + 1 < N) {
-        rows2(W + n * K, X, M, K, buf.data(), o0.data(), o1.data());
-        for (int64_t i = 0; i < M; ++i) {
-          Y[i * N + n] = to_bf16(o0[i]);
-          Y[i * N + n + 1] = to_bf16(o1[i]);
-        }
-      } else {  // odd N: the last row alone
-        const uint16_t* w0 = W + n * K;
-        for (int64_t i = 0; i < M; ++i) {
-          __m256 a = _mm256_setzero_ps();
-          const float* xi = X + i * K;
-          for (int64_t k = 0; k < K; k += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(xi + k), load_bf16x8(w0 + k), a);
-          Y[i * N + n] = to_bf16(hsum(a));
-        }
-      }
-    }
-  });
+  // Threads split the weight rows (compiled with -fopenmp, so at::parallel_for really runs on torch's pool).
+  at::parallel_for(0, N, 64, [&](int64_t n0, int64_t n1) { rows(W, X, Y, n0, n1, M, K, N); });
   return y;
 }
 
