@@ -35,12 +35,12 @@ def test_bf16_kernel_matches_f_linear_in_float32():
             return
         assert ext is not None, "the AVX2 bf16 kernel should build on this machine"
         g = torch.Generator().manual_seed(0)
-        for M in (1, 3, 4, 5, 9, 64):
-            x = torch.randn(M, 576, generator=g).bfloat16()
-            w = torch.randn(1000, 576, generator=g).bfloat16()
+        for M, N in ((1, 1000), (1, 1003), (3, 1000), (4, 1001), (5, 1000), (9, 1002), (64, 1000), (300, 1003)):
+            x = torch.randn(M, 576, generator=g).bfloat16()  # N % 4 != 0: the tile tails; M = 300: prefill slices
+            w = torch.randn(N, 576, generator=g).bfloat16()
             ref = F.linear(x.float(), w.float())
             got = linear(x, w)
-            assert got.dtype == torch.bfloat16 and got.shape == (M, 1000)
+            assert got.dtype == torch.bfloat16 and got.shape == (M, N)
             # fp32 accumulation, one rounding to bf16: within one bf16 ulp of the fp32 result
             assert ((got.float() - ref).abs() <= ref.abs() * 2 ** -8 + 1e-3).all()
 
