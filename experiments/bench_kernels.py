@@ -17,7 +17,7 @@ import torch
 
 from specbench.models import cpu_kernels
 from specbench.models.loading import load_model
-from specbench.run import cpu_has_fast_bf16
+from specbench.core.hw import cpu_has_fast_bf16
 
 OUT = Path(__file__).resolve().parent / "results"
 

@@ -32,7 +32,7 @@ from specbench.data.prompts import load_prompts, to_requests
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.ngram import NgramDrafter
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.sampling import SamplingParams
+from specbench.core.sampling import SamplingParams
 from specbench.metrics.results import AcceptanceStats
 from specbench.models.loading import cache_root, hf_state_dict, load_model
 
@@ -70,7 +70,7 @@ def run_specbench(loaded, reqs, drafter, k, max_new):
     t0 = time.perf_counter()
     res = e.run(reqs)
     wall = time.perf_counter() - t0
-    acc = AcceptanceStats.from_results(res).summary()
+    acc = AcceptanceStats.from_results(res, k).summary()
     n = sum(r.num_new_tokens for r in res)
     return {"tok_s": n / wall, "tokens": n, "outputs": [r.output_ids for r in res],
             "tau": acc["mean_acceptance_length"], "tokens_per_forward": n / max(1, e.num_steps + len(res))}

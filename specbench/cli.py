@@ -24,6 +24,9 @@ def check_group_overrides(argv: list[str]) -> None:
     """Reject `method=foo` (and sweeps `method=a,foo`) with one line listing the valid choices."""
     for arg in argv:
         key, sep, value = arg.lstrip("+~").partition("=")
+        if key in ("method.acceptance", "method.typical") or key.startswith("method.typical."):
+            top = key.removeprefix("method.")
+            raise UserError(f"{key}: {top.split('.')[0]} is a top-level setting: {top}={value}")
         if not sep or key not in GROUPS:
             continue
         valid = group_options(key)

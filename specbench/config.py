@@ -35,6 +35,12 @@ class DatasetSchema:
 
 
 @dataclass
+class TypicalSchema:
+    epsilon: float = 0.09  # Medusa's posterior_threshold
+    alpha: float = 0.3  # Medusa's posterior_alpha
+
+
+@dataclass
 class RunConfig:
     method: Any = MISSING
     model: ModelSchema = field(default_factory=ModelSchema)
@@ -50,6 +56,8 @@ class RunConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     stop: list[str] = field(default_factory=list)  # stop strings (besides EOS)
+    acceptance: str = "auto"  # auto | greedy | sampling | typical (see verify.py)
+    typical: TypicalSchema = field(default_factory=lambda: TypicalSchema())  # acceptance=typical only
     baseline: bool = True  # also run target-only decoding in the same process (speculative methods)
     progress: bool = True  # progress bar on stderr
     threads: Optional[int] = None  # torch CPU threads; null = torch's default

@@ -11,7 +11,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.data.prompts import load_prompts, to_requests
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.sampling import SamplingParams
+from specbench.core.sampling import SamplingParams
+from specbench.core.hw import cpu_has_fast_bf16
 from specbench.errors import UserError
 from specbench.log import log
 from specbench.metrics.sinks import build_sinks
@@ -20,15 +21,6 @@ from specbench.models.loading import LoadedModel, load_model
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TARGETS: dict[tuple, LoadedModel] = {}  # a multirun sweep loads each target once per process
-
-
-def cpu_has_fast_bf16() -> bool:
-    """AVX512-BF16 or AMX: oneDNN runs bf16 GEMMs natively (about 2x fp32 for a weight-bound decode)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
 def resolve_device(name: str) -> torch.device:
@@ -68,6 +60,18 @@ def validate(cfg: DictConfig) -> None:
     for key in ("tp", "pp"):
         if int(cfg.parallel.get(key, 1)) != 1:
             raise UserError(f"parallel.{key}={cfg.parallel[key]}: only 1 is supported in this version")
+    if bool(cfg.parallel.get("async", False)):
+        raise UserError("parallel.async=true: asynchronous scheduling is not supported in this version; "
+                        "valid: false")
+    from specbench.verify import RULES, resolve_rule
+
+    if cfg.acceptance not in RULES:
+        raise UserError(f"acceptance={cfg.acceptance!r}; valid: {', '.join(RULES)}")
+    if cfg.method.get("drafter") is not None:
+        try:
+            resolve_rule(str(cfg.acceptance), SamplingParams(float(cfg.temperature), float(cfg.top_p)))
+        except ValueError as e:
+            raise UserError(str(e)) from None
 
 
 def build_drafter(cfg: DictConfig):
@@ -89,16 +93,6 @@ def build_drafter(cfg: DictConfig):
     if cfg.k > drafter.max_draft_len:
         raise UserError(f"k={cfg.k}: method={cfg.method.name} supports k <= {drafter.max_draft_len} "
                         f"(method.drafter.max_draft_len)")
-    rule = cfg.method.get("acceptance", "auto")
-    from specbench.verify import RULES
-
-    if rule not in RULES:
-        raise UserError(f"method.acceptance={rule!r}; valid: {', '.join(RULES)}")
-    if rule == "typical" and cfg.temperature == 0:
-        raise UserError("method.acceptance=typical needs temperature > 0 (at 0 it is greedy acceptance)")
-    if rule == "greedy" and cfg.temperature > 0:
-        raise UserError(f"method.acceptance=greedy with temperature={cfg.temperature} would not sample from "
-                        "the target distribution; use acceptance=auto or sampling")
     return drafter
 
 
@@ -141,7 +135,49 @@ def output_dir() -> Path:
         return Path.cwd()
 
 
+def _requests(cfg: DictConfig, tok) -> list:
+    prompts = load_prompts(cfg.dataset.name, cfg.dataset.path, cfg.dataset.limit, cfg.dataset.hf_name,
+                           cfg.dataset.split, cfg.dataset.field, cfg.dataset.per_category)
+    return to_requests(prompts, tok, cfg.model.chat_template, cfg.model.system_prompt)
+
+
+def _stop(cfg: DictConfig, target: LoadedModel) -> StopCriteria:
+    eos = set(target.model.config.eos_token_id)
+    if target.tokenizer.eos_token_id is not None:
+        eos.add(int(target.tokenizer.eos_token_id))
+    return StopCriteria(frozenset(eos), int(cfg.max_new_tokens), tuple(cfg.stop))
+
+
+def _resolved_config(cfg: DictConfig, target: LoadedModel, device: torch.device, dtype: torch.dtype) -> dict:
+    """The config as it ran: resolved values, device, dtype, the acceptance rule, CPU and kernel choices."""
+    from specbench.core.hw import cpu_summary
+    from specbench.models import cpu_kernels
+    from specbench.verify import LOSSLESS, resolve_rule
+
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["model"]["name"] = cfg.model.name or target.name
+    has_drafter = cfg.method.get("drafter") is not None
+    rule = resolve_rule(str(cfg.acceptance), SamplingParams(float(cfg.temperature), float(cfg.top_p))) \
+        if has_drafter else None
+    resolved.update({"device": str(device), "dtype": str(dtype).removeprefix("torch."),
+                     "target": resolved["model"]["name"], "drafter": drafter_info(cfg),
+                     "acceptance_rule": {"rule": rule, "lossless": LOSSLESS[rule] if rule else True},
+                     "tp": int(cfg.parallel.get("tp", 1)), "pp": int(cfg.parallel.get("pp", 1)),
+                     "async": bool(cfg.parallel.get("async", False))})
+    if device.type == "cpu":
+        resolved["cpu"] = {**cpu_summary(), "linear": cpu_kernels.describe(dtype)}
+    return resolved
+
+
+def _timed(engine: Engine, requests: list) -> tuple[list, float]:
+    t0 = time.perf_counter()
+    results = engine.run(requests)
+    return results, time.perf_counter() - t0
+
+
 def run(cfg: DictConfig) -> dict:
+    """Resolve and load, decode the prompts (speculative, then target-only for the same-run baseline), write
+    results.json and hand it to the sinks."""
     validate(cfg)
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
@@ -153,35 +189,22 @@ def run(cfg: DictConfig) -> dict:
         cpu_kernels.set_mode(str(cfg.model.linear))
     except ValueError as e:
         raise UserError(str(e)) from None
-    prompts = load_prompts(cfg.dataset.name, cfg.dataset.path, cfg.dataset.limit, cfg.dataset.hf_name,
-                           cfg.dataset.split, cfg.dataset.field, cfg.dataset.per_category)
     target = get_target(cfg, device, dtype)
-    tok = target.tokenizer
-    requests = to_requests(prompts, tok, cfg.model.chat_template, cfg.model.system_prompt)
-    eos = set(target.model.config.eos_token_id)
-    if tok.eos_token_id is not None:
-        eos.add(int(tok.eos_token_id))
-    stop = StopCriteria(frozenset(eos), int(cfg.max_new_tokens), tuple(cfg.stop))
+    requests = _requests(cfg, target.tokenizer)
+    stop = _stop(cfg, target)
     params = SamplingParams(float(cfg.temperature), float(cfg.top_p))
     drafter = build_drafter(cfg)
-    rule = str(cfg.method.get("acceptance", "auto"))
-    typical_kw = dict(cfg.method.get("typical") or {}) if rule == "typical" else {}
-
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    resolved["model"]["name"] = cfg.model.name or target.name
-    resolved.update({"device": str(device), "dtype": str(dtype).removeprefix("torch."),
-                     "target": resolved["model"]["name"], "drafter": drafter_info(cfg),
-                     "tp": int(cfg.parallel.get("tp", 1)), "pp": int(cfg.parallel.get("pp", 1)),
-                     "async": bool(cfg.parallel.get("async", False))})
+    resolved = _resolved_config(cfg, target, device, dtype)
     out = output_dir()
     out.mkdir(parents=True, exist_ok=True)
     sinks = build_sinks(OmegaConf.to_container(cfg.logger, resolve=True), resolved, out, sweep_group())
 
     def engine(d, max_new: int = int(cfg.max_new_tokens), on_step=None) -> Engine:
-        return Engine(target.model, tok, batch_size=int(cfg.batch_size),
+        return Engine(target.model, target.tokenizer, batch_size=int(cfg.batch_size),
                       stop=StopCriteria(stop.eos_ids, max_new, stop.stop_strings), params=params,
                       seed=int(cfg.seed), progress=bool(cfg.progress) and max_new > 4, drafter=d, k=int(cfg.k),
-                      acceptance=rule if d is not None else "auto", acceptance_kw=typical_kw, on_step=on_step)
+                      acceptance=str(cfg.acceptance) if d is not None else "auto",
+                      acceptance_kw=dict(cfg.typical), on_step=on_step)
 
     def on_step(rec) -> None:
         for s in sinks:
@@ -193,16 +216,12 @@ def run(cfg: DictConfig) -> dict:
             engine(drafter, 4).run(requests[:1])
             engine(None, 4).run(requests[:1])
         spec = engine(drafter, on_step=on_step)
-        t0 = time.perf_counter()
-        results = spec.run(requests)
-        wall = time.perf_counter() - t0
+        results, wall = _timed(spec, requests)
         baseline = base_results = None
         if compare:
             log("baseline: target-only decoding of the same prompts")
             base = engine(None)
-            t0 = time.perf_counter()
-            base_results = base.run(requests)
-            bwall = time.perf_counter() - t0
+            base_results, bwall = _timed(base, requests)
             btokens = sum(r.num_new_tokens for r in base_results)
             baseline = {"tokens_per_s": btokens / bwall, "wall_s": bwall, "new_tokens": btokens,
                         "target_steps": base.num_steps, "timing": dict(base.timing)}

@@ -12,7 +12,14 @@ and return a `Verdict` of fixed shape (no host sync).
   min(1, p(x) / q(x)); on rejection p <- norm(max(p - q, 0)). If every child is rejected the recovered
   token is drawn from the residual p; after a leaf the bonus is drawn from the target distribution there.
   Point-mass drafts (probs None) use q = one-hot(x). The output distribution equals the target's exactly.
-- typical (Medusa, opt-in, NOT lossless): accept x if p(x) > min(epsilon, alpha * exp(-H(p))).
+- typical (Medusa's rule, opt-in, NOT lossless): a node passes if p(x) > min(epsilon, alpha * exp(-H(p))) at
+  its parent (p = softmax(logits / T), H with log(p + 1e-5) as the reference); among the candidate paths the
+  longest passing prefix wins, ties broken by the summed log p of its tokens (Medusa's `evaluate_posterior`);
+  the extra token is sampled from p restricted to the tokens that pass (`get_typical_one_token`).
+
+Randomness: `draws` uniforms per row per step, indexed by node (node n's test uses u[b, n]), then one
+exponential vector of the vocabulary's size for the extra token. With per-request generators each row's
+stream advances by the same amount every step whatever the tree or the other rows look like.
 """
 
 from __future__ import annotations
@@ -20,8 +27,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from specbench.drafters.base import PAD_ID, DraftTree, Verdict
-from specbench.engine.sampling import SamplingParams, sample_from, target_probs
+from specbench.core.types import PAD_ID, DraftTree, Verdict
+from specbench.core.sampling import Gen, SamplingParams, sample_from, target_probs, uniform
 
 
 def _node_structure(tree: DraftTree) -> tuple[Tensor, Tensor, Tensor]:
@@ -55,23 +62,29 @@ def _finish(tree: DraftTree, path: Tensor, num_acc: Tensor, extra: Tensor) -> Ve
     return Verdict(tokens=tokens, num_accepted=num_acc, accepted_nodes=path)
 
 
-def verify_greedy(tree: DraftTree, logits: Tensor) -> Verdict:
-    """Keep the longest path on which every draft equals the target's argmax at its parent."""
+def _longest_path(tree: DraftTree, passes: Tensor, score_tb: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The deepest node whose whole path passes. passes [B, N] bool per node (valid nodes only);
+    score_tb [B, N] float: tie-break among equally deep nodes (higher wins; None = the first in node order).
+    Returns path [B, K] (node ids by depth, -1 after), num_acc [B], forward index of the last kept node [B]."""
     B, N = tree.tokens.shape
     K = tree.depth
-    dev = logits.device
-    argmax = logits.argmax(-1)  # [B, 1+N]
-    if N == 0:
-        return _finish(tree, torch.empty(B, 0, dtype=torch.long, device=dev), torch.zeros(B, dtype=torch.long, device=dev), argmax[:, 0])
-    valid, parent_fwd, _ = _node_structure(tree)
-    correct = valid & (tree.tokens == argmax.gather(1, parent_fwd))
-    ok = correct.clone()
-    for _ in range(K - 1):  # a node is kept if it is correct and its parent is kept (root is kept)
+    dev = tree.tokens.device
+    _, parent_fwd, _ = _node_structure(tree)
+    ok = passes.clone()
+    for _ in range(K - 1):  # a node is kept if it passes and its parent is kept (root is kept)
         parent_ok = torch.cat([torch.ones(B, 1, dtype=torch.bool, device=dev), ok], 1).gather(1, parent_fwd)
-        ok = correct & parent_ok
+        ok = passes & parent_ok
     depth = tree.depths()
-    score = torch.where(ok, depth, 0)
-    num_acc, deepest = score.max(1)  # [B]; deepest node on the kept path (arbitrary when num_acc = 0)
+    if score_tb is None:
+        score = torch.where(ok, depth, 0)
+    else:  # depth first, then the path's summed score (squashed into (0, 0.5) so it never outweighs a level)
+        path_s = score_tb.double()
+        for _ in range(K - 1):  # sum over the path: add the parent's running sum, top-down
+            par = torch.cat([torch.zeros(B, 1, dtype=path_s.dtype, device=dev), path_s], 1).gather(1, parent_fwd)
+            path_s = score_tb.double() + par
+        score = torch.where(ok, depth.double() + 0.5 * torch.sigmoid(path_s), 0.0)
+    deepest = score.argmax(1)  # the first maximum on ties
+    num_acc = torch.where(ok.any(1), depth.gather(1, deepest[:, None])[:, 0], 0)
     path = torch.full((B, K), -1, dtype=torch.long, device=dev)
     cur = torch.where(num_acc > 0, deepest, -1)
     for _ in range(K):  # walk up from the deepest kept node, writing each node at its depth - 1
@@ -79,14 +92,32 @@ def verify_greedy(tree: DraftTree, logits: Tensor) -> Verdict:
         d = torch.where(live, depth.gather(1, cur.clamp(min=0)[:, None])[:, 0] - 1, 0)
         path.scatter_(1, d[:, None], torch.where(live, cur, path.gather(1, d[:, None])[:, 0])[:, None])
         cur = torch.where(live, tree.parents.gather(1, cur.clamp(min=0)[:, None])[:, 0], -1)
-    extra = argmax.gather(1, torch.where(num_acc > 0, deepest + 1, 0)[:, None])[:, 0]
-    return _finish(tree, path, num_acc, extra)
+    last_fwd = torch.where(num_acc > 0, deepest + 1, 0)
+    return path, num_acc, last_fwd
 
 
-def _descend(tree: DraftTree, probs: Tensor, accept_fn, gen: torch.Generator | None, lossless: bool) -> Verdict:
-    """Walk the tree from the root, trying children in order with `accept_fn`; shared by sampling/typical.
+def _empty_path(tree: DraftTree, dev) -> tuple[Tensor, Tensor, Tensor]:
+    B = tree.tokens.shape[0]
+    z = torch.zeros(B, dtype=torch.long, device=dev)
+    return torch.empty(B, 0, dtype=torch.long, device=dev), z, z
 
-    accept_fn(p [B, V], q [B, V] | None, x [B], u [B]) -> accepted [B] bool.
+
+def verify_greedy(tree: DraftTree, logits: Tensor) -> Verdict:
+    """Keep the longest path on which every draft equals the target's argmax at its parent."""
+    argmax = logits.argmax(-1)  # [B, 1+N]
+    if tree.num_nodes == 0:
+        path, num_acc, last = _empty_path(tree, logits.device)
+    else:
+        valid, parent_fwd, _ = _node_structure(tree)
+        path, num_acc, last = _longest_path(tree, valid & (tree.tokens == argmax.gather(1, parent_fwd)))
+    return _finish(tree, path, num_acc, argmax.gather(1, last[:, None])[:, 0])
+
+
+def _descend(tree: DraftTree, probs: Tensor, accept_fn, gen: Gen, lossless: bool, draws: int | None = None) -> Verdict:
+    """Walk the tree from the root, trying children in order with `accept_fn` (the recursive rule).
+
+    accept_fn(p [B, V], q [B, V] | None, x [B], u [B]) -> accepted [B] bool. `draws` (>= N): uniforms per
+    row per step, fixed per run so every row's random stream advances the same way whatever the tree.
     """
     B, N = tree.tokens.shape
     K, W = tree.depth, max(tree.width, 1)
@@ -100,6 +131,9 @@ def _descend(tree: DraftTree, probs: Tensor, accept_fn, gen: torch.Generator | N
     removed = torch.zeros(B, V, dtype=torch.bool, device=dev)  # earlier siblings, out of q
     path = torch.full((B, K), -1, dtype=torch.long, device=dev)
     num_acc = torch.zeros(B, dtype=torch.long, device=dev)
+    if draws is not None and draws < N:
+        raise ValueError(f"draws={draws} < {N} tree nodes: every node needs its own uniform")
+    U = uniform((B, draws if draws is not None else N), gen, dev)  # node n is tested with U[b, n]
     for depth in range(K):
         moved = torch.zeros(B, dtype=torch.bool, device=dev)
         for r in range(W):
@@ -112,7 +146,7 @@ def _descend(tree: DraftTree, probs: Tensor, accept_fn, gen: torch.Generator | N
                 q = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
             else:
                 q = None
-            u = torch.rand(B, generator=gen, device=dev)
+            u = U[rows, c]
             acc = has & accept_fn(p, q, x, u)
             rej = has & ~acc
             if lossless:  # residual p <- norm(max(p - q, 0)) on rejection
@@ -134,7 +168,7 @@ def _descend(tree: DraftTree, probs: Tensor, accept_fn, gen: torch.Generator | N
     return _finish(tree, path, num_acc, extra)
 
 
-def verify_sampling(tree: DraftTree, logits: Tensor, params: SamplingParams, gen: torch.Generator | None) -> Verdict:
+def verify_sampling(tree: DraftTree, logits: Tensor, params: SamplingParams, gen: Gen, draws: int | None = None) -> Verdict:
     probs = target_probs(logits, params)  # [B, 1+N, V]
 
     def accept(p: Tensor, q: Tensor | None, x: Tensor, u: Tensor) -> Tensor:
@@ -142,34 +176,63 @@ def verify_sampling(tree: DraftTree, logits: Tensor, params: SamplingParams, gen
         qx = q.gather(1, x[:, None])[:, 0] if q is not None else torch.ones_like(px)
         return u * qx < px  # u < p/q without dividing by a zero q
 
-    return _descend(tree, probs, accept, gen, lossless=True)
+    return _descend(tree, probs, accept, gen, lossless=True, draws=draws)
 
 
-def verify_typical(tree: DraftTree, logits: Tensor, params: SamplingParams, gen: torch.Generator | None,
+def typical_threshold(probs: Tensor, epsilon: float, alpha: float) -> Tensor:
+    """[..., V] -> [...]: min(epsilon, alpha * exp(-H(p))), entropy with log(p + 1e-5) as Medusa's reference."""
+    ent = -(probs * torch.log(probs + 1e-5)).sum(-1)
+    return torch.minimum(torch.full_like(ent, epsilon), alpha * torch.exp(-ent))
+
+
+def verify_typical(tree: DraftTree, logits: Tensor, params: SamplingParams, gen: Gen,
                    epsilon: float = 0.09, alpha: float = 0.3) -> Verdict:
-    """Medusa's typical acceptance (not lossless): p(x) > min(epsilon, alpha * exp(-entropy(p)))."""
-    probs = target_probs(logits, params)
-
-    def accept(p: Tensor, q: Tensor | None, x: Tensor, u: Tensor) -> Tensor:
-        ent = -(p * p.clamp(min=1e-30).log()).sum(-1)
-        thr = torch.minimum(torch.full_like(ent, epsilon), alpha * torch.exp(-ent))
-        return p.gather(1, x[:, None])[:, 0] > thr
-
-    return _descend(tree, probs, accept, gen, lossless=False)
+    """Medusa's typical acceptance (not lossless): the longest candidate path whose every token passes
+    p(x) > min(epsilon, alpha * exp(-H(p))) at its parent; ties by summed log p; the extra token is drawn from
+    p restricted to the passing tokens. p = softmax(logits / T) (Medusa applies no top-p here)."""
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)  # [B, 1+N, V]
+    thr = typical_threshold(probs, epsilon, alpha)  # [B, 1+N]
+    if tree.num_nodes == 0:
+        path, num_acc, last = _empty_path(tree, logits.device)
+    else:
+        valid, parent_fwd, _ = _node_structure(tree)
+        p_par = probs.gather(1, parent_fwd[..., None].expand(-1, -1, probs.shape[-1]))  # [B, N, V]
+        px = p_par.gather(2, tree.tokens.clamp(min=0)[..., None])[..., 0]
+        passes = valid & (px > thr.gather(1, parent_fwd))
+        path, num_acc, last = _longest_path(tree, passes, torch.log(px.clamp(min=1e-30)))
+    rows = torch.arange(probs.shape[0], device=probs.device)
+    p = probs[rows, last]
+    p = torch.where(p >= thr[rows, last][:, None], p, 0.0)  # get_typical_one_token: drop p < threshold
+    extra = sample_from(p / p.sum(-1, keepdim=True), gen)
+    return _finish(tree, path, num_acc, extra)
 
 
 RULES = ("auto", "greedy", "sampling", "typical")
+LOSSLESS = {"auto": True, "greedy": True, "sampling": True, "typical": False}
 
 
-def verify(tree: DraftTree, logits: Tensor, params: SamplingParams, gen: torch.Generator | None,
-           rule: str = "auto", **kw) -> Verdict:
-    """Dispatch: auto = greedy at temperature 0, lossless sampling otherwise."""
+def resolve_rule(rule: str, params: SamplingParams) -> str:
+    """auto = greedy at temperature 0, lossless sampling above it. A rule that cannot serve the temperature is
+    an error: sampling / typical need T > 0 (their distributions are softmax(logits / T)), greedy needs T = 0."""
+    if rule not in RULES:
+        raise ValueError(f"acceptance={rule!r}; valid: {', '.join(RULES)}")
     if rule == "auto":
-        rule = "greedy" if params.greedy else "sampling"
+        return "greedy" if params.greedy else "sampling"
+    if rule in ("sampling", "typical") and params.greedy:
+        raise ValueError(f"acceptance={rule} needs temperature > 0 (temperature=0 is greedy decoding: use "
+                         "acceptance=auto or greedy)")
+    if rule == "greedy" and not params.greedy:
+        raise ValueError(f"acceptance=greedy with temperature={params.temperature} would not sample from the "
+                         "target distribution; use acceptance=auto or sampling")
+    return rule
+
+
+def verify(tree: DraftTree, logits: Tensor, params: SamplingParams, gen: Gen, rule: str = "auto",
+           draws: int | None = None, **kw) -> Verdict:
+    """Dispatch on the (resolved) rule; `draws`: uniforms per row per step for sampling (>= nodes; None = N)."""
+    rule = resolve_rule(rule, params)
     if rule == "greedy":
         return verify_greedy(tree, logits)
     if rule == "sampling":
-        return verify_sampling(tree, logits, params, gen)
-    if rule == "typical":
-        return verify_typical(tree, logits, params, gen, **kw)
-    raise ValueError(f"acceptance rule {rule!r}; valid: {', '.join(RULES)}")
+        return verify_sampling(tree, logits, params, gen, draws)
+    return verify_typical(tree, logits, params, gen, **kw)

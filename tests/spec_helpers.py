@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specbench.drafters.base import DraftTree
+from specbench.core.sampling import uniform
+from specbench.core.types import DraftTree
 
 
 class TableTreeDrafter:
@@ -33,7 +34,7 @@ class TableTreeDrafter:
     def _children(self, q: torch.Tensor, n: int) -> torch.Tensor:
         if self.params.greedy:
             return q.topk(n, -1).indices
-        gumbel = -torch.log(-torch.log(torch.rand(q.shape, generator=self.gen).clamp(1e-20, 1 - 1e-7)))
+        gumbel = -torch.log(-torch.log(uniform(tuple(q.shape), self.gen, q.device).clamp(1e-20, 1 - 1e-7)))
         return (q.clamp(min=1e-30).log() + gumbel).topk(n, -1).indices  # sampling without replacement
 
     def propose(self, state) -> DraftTree:

@@ -11,10 +11,10 @@ from hydra.utils import instantiate
 
 from conftest import make_eagle_head
 from specbench.cli import group_options
-from specbench.drafters.base import DraftTree
+from specbench.core.types import DraftTree
 from specbench.engine.loop import Engine, StopCriteria
 from specbench.engine.request import Request
-from specbench.engine.sampling import SamplingParams
+from specbench.core.sampling import SamplingParams
 from specbench.models.loading import load_model
 from test_cli import _compose
 

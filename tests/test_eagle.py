@@ -13,7 +13,7 @@ from conftest import make_eagle_head, make_hf_model
 from specbench.drafters.eagle import EagleDrafter
 from specbench.engine.loop import Engine, StopCriteria
 from specbench.engine.request import Request
-from specbench.engine.sampling import SamplingParams
+from specbench.core.sampling import SamplingParams
 from specbench.errors import UserError
 from specbench.models.attention import AttnMeta
 from specbench.models.cache import KVCache
@@ -313,7 +313,7 @@ PROMPT3 = [3, 5, 1, 6]
 
 def _exact_three(lm, params):
     """Exact joint distribution [V, V, V] of the first three sampled tokens after PROMPT3."""
-    from specbench.engine.sampling import target_probs
+    from specbench.core.sampling import target_probs
 
     m = lm.model
     P = len(PROMPT3)
@@ -350,7 +350,7 @@ def test_chain_equals_a_manual_greedy_unroll(target, tcfg, tmp_path):
     """The drafter's chain is the head's own greedy unroll: pairs 0..p-1 from target states, then each step
     embeds the previous draft's *target* id (d2t-mapped, not its draft-vocabulary index) with the previous
     output as hidden, one position further. Regression: feeding draft indices to the embedding."""
-    from specbench.drafters.base import Admitted, BatchState
+    from specbench.core.types import Admitted, BatchState
 
     k = 4
     make_eagle_head(tmp_path, tcfg, draft_vocab=200, aux_ids=[2, 3, 4], fmt="specforge", scale=0.3, seed=7)

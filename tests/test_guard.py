@@ -36,7 +36,7 @@ def measure(lm, method: str, source: str, k: int = 3, max_new: int = 96) -> dict
     from specbench.drafters.draft_model import DraftModelDrafter
     from specbench.drafters.eagle import EagleDrafter
     from specbench.engine.loop import Engine, StopCriteria
-    from specbench.engine.sampling import SamplingParams
+    from specbench.core.sampling import SamplingParams
     from specbench.metrics.results import AcceptanceStats
 
     tok = lm.tokenizer
@@ -49,7 +49,7 @@ def measure(lm, method: str, source: str, k: int = 3, max_new: int = 96) -> dict
         return e.run(reqs)
 
     res, ref = run(drafter), run(None)
-    acc = AcceptanceStats.from_results(res).summary()
+    acc = AcceptanceStats.from_results(res, k).summary()
     return {"method": method, "prompts": source, "k": k, "max_new_tokens": max_new, "dtype": "float32",
             "mean_acceptance_length": acc["mean_acceptance_length"], "per_position": acc["per_position"],
             "num_drafts": acc["num_drafts"],

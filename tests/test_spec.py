@@ -14,7 +14,7 @@ from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.ngram import NgramDrafter, lookup
 from specbench.engine.loop import Engine, StopCriteria
 from specbench.engine.request import Request
-from specbench.engine.sampling import SamplingParams
+from specbench.core.sampling import SamplingParams
 from specbench.models.loading import load_model
 
 CPU = torch.device("cpu")
@@ -144,7 +144,7 @@ def small(tmp_path_factory):
 
 def _exact_two_token(lm, params: SamplingParams) -> torch.Tensor:
     """Exact target distribution of the first two sampled tokens after PROMPT: [V, V]."""
-    from specbench.engine.sampling import target_probs
+    from specbench.core.sampling import target_probs
 
     m = lm.model
     seqs = torch.tensor([PROMPT + [y] for y in range(VOCAB)])

@@ -172,7 +172,7 @@ def test_narrow_scratch_draft(tiny, data_file, tmp_path):
     from specbench.drafters.draft_model import DraftModelDrafter
     from specbench.engine.loop import Engine, StopCriteria
     from specbench.engine.request import Request
-    from specbench.engine.sampling import SamplingParams
+    from specbench.core.sampling import SamplingParams
 
     method = _method(tiny, init="scratch", num_layers=1,
                      width={"hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "num_kv_heads": 1})

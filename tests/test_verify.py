@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from specbench.drafters.base import PAD_ID, DraftTree
-from specbench.engine.sampling import SamplingParams
+from specbench.core.types import PAD_ID, DraftTree
+from specbench.core.sampling import SamplingParams
 from specbench.verify import verify, verify_greedy
 
 V = 10

@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specbench.drafters.base import Admitted, BatchState, DraftTree, Verdict
-from specbench.engine.sampling import SamplingParams, sample_from, target_probs
+from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
+from specbench.core.sampling import SamplingParams, sample_from, target_probs
 from specbench.errors import UserError
 from specbench.models.loading import load_model
 

@@ -30,8 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specbench.drafters.base import Admitted, BatchState, DraftTree, Verdict
-from specbench.engine.sampling import SamplingParams
+from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
+from specbench.core.sampling import SamplingParams, exponential
 from specbench.errors import UserError
 from specbench.models.attention import AttnMeta
 from specbench.models.cache import KVCache
@@ -154,7 +154,7 @@ class EagleDrafter:
         vals, idx = log_q.topk(n, dim=-1)
         if self.params.greedy:
             return idx, vals
-        gumbel = -torch.empty_like(log_q).exponential_(generator=self.gen).log()
+        gumbel = -exponential(tuple(log_q.shape), self.gen, log_q.device).log()
         return (log_q + gumbel).topk(n, dim=-1).indices, vals  # Gumbel top-k: n draws without replacement
 
     def _tree_mask(self, base: Tensor, anc: Tensor, kv_len: int) -> Tensor:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from specbench.drafters.base import PAD_ID, Admitted, BatchState, DraftTree, Verdict
+from specbench.core.types import PAD_ID, Admitted, BatchState, DraftTree, Verdict
 from specbench.errors import UserError
 
 

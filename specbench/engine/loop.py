@@ -14,6 +14,13 @@ back and no request is padded to another's length. Every row has its own length.
 
 Host syncs: one per step (marked below) to update outputs, metrics and stop conditions, and one per
 admission round (the first tokens of the new requests).
+
+Stop conditions are applied token by token to each step's accepted chunk, in the order target-only decoding
+meets them (EOS, the length budget, a stop string), so a speculative run keeps exactly the tokens a
+target-only run would, and every count (new tokens, tokens/s, TPOT) is over the kept tokens only.
+
+Sampling: each request draws from its own generator, seeded from (seed, request id) when it is admitted, and
+every draw takes a fixed amount from that stream per step, so its output does not depend on the batch.
 """
 
 from __future__ import annotations
@@ -26,12 +33,13 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from specbench.drafters.base import Admitted, BatchState, DraftTree, Drafter, Verdict
+from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
+from specbench.drafters.base import Drafter
 from specbench.engine.request import Request, RequestResult
-from specbench.engine.sampling import SamplingParams, select
+from specbench.core.sampling import RowGenerators, SamplingParams, request_seed, select
 from specbench.errors import UserError
 from specbench.models.transformer import Transformer
-from specbench.verify import verify
+from specbench.verify import resolve_rule, verify
 
 
 @dataclass
@@ -41,9 +49,10 @@ class StepRecord:
     step: int
     t: float  # seconds since the run started
     num_active: int  # requests in the batch this step
-    num_draft_tokens: int  # summed over requests (tree: deepest draft per request)
+    num_draft_tokens: int  # summed over requests: draft nodes scored by the target (chain: its length)
+    num_draft_depth: int  # summed over requests: depth of the deepest draft node (= num_draft_tokens for chains)
     num_accepted_tokens: int
-    accepted_per_pos: list[int]  # [i] = requests whose i-th draft was accepted this step
+    accepted_per_pos: list[int]  # [i] = requests whose i-th draft was accepted this step (length k)
     draft_ms: float  # host time in drafter.propose (on CUDA: launch time unless the drafter syncs)
     verify_ms: float  # target forward + acceptance rule + cache commit + drafter.commit
     step_ms: float  # the whole step including the host sync
@@ -54,6 +63,9 @@ class StopCriteria:
     eos_ids: frozenset[int]
     max_new_tokens: int
     stop_strings: tuple[str, ...] = ()
+
+
+STOP_WINDOW = 16  # tokens decoded before the newest one when looking for a stop string
 
 
 class Engine:
@@ -77,11 +89,15 @@ class Engine:
     ) -> None:
         if batch_size < 1:
             raise UserError(f"batch_size={batch_size}: must be >= 1")
+        try:
+            self.rule = resolve_rule(acceptance, params)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         self.target, self.tokenizer = target, tokenizer
         self.batch_size, self.stop, self.params = batch_size, stop, params
         self.seed, self.progress = seed, progress
         self.drafter, self.k = drafter, (k if drafter is not None else 0)
-        self.acceptance, self.acceptance_kw = acceptance, dict(acceptance_kw or {})
+        self.acceptance_kw = dict(acceptance_kw or {}) if self.rule == "typical" else {}
         self.context = target.config.max_position_embeddings
         self.device = target.device
         self.hidden_layers = tuple(drafter.hidden_layers) if drafter is not None else ()
@@ -101,14 +117,37 @@ class Engine:
     # --------------------------------------------------------------------------------------------- run
     @torch.inference_mode()
     def run(self, requests: list[Request]) -> list[RequestResult]:
+        """Admit waiting requests into free rows, step the batch, book each step's tokens; until all stop."""
         self.check(requests)
+        self._setup(requests)
+        slots: list[RequestResult | None] = [None] * self.cache.seq_lens.shape[0]
+        pending = deque(zip(requests, _seeds(requests, self.seed)))
+        results: dict[int, RequestResult] = {}  # by id(request): ids in a dataset need not be unique
+        self._bar = _progress(len(requests), self.progress)
+        self._n_tokens, self._t0 = 0, time.perf_counter()
+        while pending or any(s is not None for s in slots):
+            self._admit_waiting(pending, slots, results)
+            if not any(s is not None for s in slots):
+                continue
+            t_step = time.perf_counter()
+            verdict, nodes, depth = self._step(slots)
+            # note: the one host sync per step (accepted tokens, counts and draft sizes together)
+            packed = torch.cat([verdict.tokens, verdict.num_accepted[:, None], nodes[:, None], depth[:, None]],
+                               1).tolist()
+            self._book(packed, slots, results, t_step)
+        if self._bar is not None:
+            self._bar.close()
+        return [results[id(r)] for r in requests]
+
+    # ---------------------------------------------------------------------------------------- pieces
+    def _setup(self, requests: list[Request]) -> None:
+        """Size the cache for the longest request plus one step's draft nodes; reset per-run state."""
         B = min(self.batch_size, len(requests)) or 1
         longest = max((len(r.prompt_ids) for r in requests), default=1)
-        # headroom past the last committed token for one step's draft nodes
-        nodes = self.drafter.max_nodes(self.k) if self.drafter is not None else 0
-        max_len = min(self.context, longest + self.stop.max_new_tokens + 1) + nodes + 2
+        self.max_nodes = self.drafter.max_nodes(self.k) if self.drafter is not None else 0
+        max_len = min(self.context, longest + self.stop.max_new_tokens + 1) + self.max_nodes + 2
         self.cache = self.target.new_cache(B, max_len)
-        self.gen = torch.Generator(device=self.device).manual_seed(self.seed)
+        self.gen = RowGenerators(B, self.device)  # one stream per row, seated per request at admission
         self.host_lens = [0] * B  # mirror of cache.seq_lens, known without syncing (updated in place)
         self.state = BatchState(
             seq_lens=self.cache.seq_lens,
@@ -123,72 +162,71 @@ class Engine:
             self.hidden_layers = tuple(self.drafter.hidden_layers)  # may depend on the target (EAGLE-3 aux layers)
         self.num_steps = 0  # target forwards after the prefills
         self.timing = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "step_s": 0.0}
-        slots: list[RequestResult | None] = [None] * B
-        pending = deque(requests)
-        results: dict[int, RequestResult] = {}  # by id(request): ids in a dataset need not be unique
-        bar = _progress(len(requests), self.progress)
-        n_tokens, t0 = 0, time.perf_counter()
-        while pending or any(s is not None for s in slots):
-            free = [b for b, s in enumerate(slots) if s is None]
-            while free and pending:  # admit: prefill waiting requests into free rows, together
-                batch = [(b, pending.popleft()) for b in free[: len(pending)]]
-                free = free[len(batch):]
-                for b, res in self._admit(batch):
-                    n_tokens += 1
-                    if self._finished(res):
-                        results[id(res.request)] = self._release(b, res, slots, bar)
-                        free.append(b)
-                    else:
-                        slots[b] = res
-                free.sort()
-            if not any(s is not None for s in slots):
-                continue
-            t_step = time.perf_counter()
-            verdict, draft_depth = self._step(slots)
-            # note: the one host sync per step (accepted tokens, counts and draft depths together)
-            packed = torch.cat([verdict.tokens, verdict.num_accepted[:, None], draft_depth[:, None]], 1).tolist()
-            now = time.perf_counter()
-            rec = StepRecord(self.num_steps, now - t0, 0, 0, 0, [], self._t_draft * 1e3,
-                             (now - t_step - self._t_draft) * 1e3, (now - t_step) * 1e3)
-            self.timing["step_s"] += now - t_step
-            self.timing["draft_s"] += self._t_draft
-            self.timing["verify_s"] += now - t_step - self._t_draft
-            for b, res in enumerate(slots):
-                if res is None:
-                    continue
-                row = packed[b]
-                n_acc, depth = row[-2], row[-1]
-                rec.num_active += 1
-                rec.num_draft_tokens += depth
-                rec.num_accepted_tokens += n_acc
-                rec.accepted_per_pos.extend([0] * (n_acc - len(rec.accepted_per_pos)))
-                for i in range(n_acc):
-                    rec.accepted_per_pos[i] += 1
-                new = row[: n_acc + 1]
-                self.host_lens[b] += 1 + n_acc
-                self.state.history[b].extend(new)
-                res.accepted_per_step.append(n_acc)
-                res.draft_lens.append(depth)
-                self._append(res, new, now)
-                n_tokens += len(new)
-                if self._finished(res):
-                    results[id(res.request)] = self._release(b, res, slots, bar)
-            if self.on_step is not None:
-                self.on_step(rec)
-            if bar is not None:
-                bar.set_postfix(tok_s=f"{n_tokens / (time.perf_counter() - t0):.1f}", refresh=False)
-        if bar is not None:
-            bar.close()
-        return [results[id(r)] for r in requests]
 
-    # ---------------------------------------------------------------------------------------- pieces
-    def _admit(self, batch: list[tuple[int, Request]]) -> list[tuple[int, RequestResult]]:
+    def _admit_waiting(self, pending: deque, slots: list, results: dict) -> None:
+        """Prefill waiting requests into free rows, together; a request done after its first token leaves."""
+        free = [b for b, s in enumerate(slots) if s is None]
+        while free and pending:
+            batch = [(b, *pending.popleft()) for b in free[: len(pending)]]
+            free = free[len(batch):]
+            for b, res in self._admit(batch):
+                self._n_tokens += 1
+                if self._finished(res, 1):
+                    results[id(res.request)] = self._release(b, res, slots)
+                    free.append(b)
+                else:
+                    slots[b] = res
+            free.sort()
+
+    def _book(self, packed: list[list[int]], slots: list, results: dict, t_step: float) -> None:
+        """Host bookkeeping of a finished step: outputs, stop conditions, per-step metrics, releases."""
+        now = time.perf_counter()
+        k = self.k
+        rec = StepRecord(self.num_steps, now - self._t0, 0, 0, 0, 0, [0] * k, self._t_draft * 1e3,
+                         (now - t_step - self._t_draft) * 1e3, (now - t_step) * 1e3)
+        self.timing["step_s"] += now - t_step
+        self.timing["draft_s"] += self._t_draft
+        self.timing["verify_s"] += now - t_step - self._t_draft
+        for b, res in enumerate(slots):
+            if res is None:
+                continue
+            row = packed[b]
+            n_acc, nodes, depth = row[-3], row[-2], row[-1]
+            rec.num_active += 1
+            rec.num_draft_tokens += nodes
+            rec.num_draft_depth += depth
+            rec.num_accepted_tokens += n_acc
+            for i in range(n_acc):
+                rec.accepted_per_pos[i] += 1
+            new = row[: n_acc + 1]
+            self.host_lens[b] += 1 + n_acc
+            self.state.history[b].extend(new)
+            res.accepted_per_step.append(n_acc)
+            res.draft_lens.append(depth)
+            res.draft_nodes.append(nodes)
+            before = len(res.output_ids)
+            res.output_ids.extend(new)
+            done = self._finished(res, len(new))  # trims the chunk at the first stop condition
+            kept = len(res.output_ids) - before
+            res.chunk_times.append(now)
+            res.chunk_sizes.append(kept)
+            self._n_tokens += kept
+            if done:
+                results[id(res.request)] = self._release(b, res, slots)
+        if self.on_step is not None:
+            self.on_step(rec)
+        if self._bar is not None:
+            self._bar.set_postfix(tok_s=f"{self._n_tokens / (time.perf_counter() - self._t0):.1f}", refresh=False)
+
+    def _admit(self, batch: list[tuple[int, Request, int]]) -> list[tuple[int, RequestResult]]:
         """Prefill requests into their cache rows (one right-padded forward per run of adjacent rows) and
-        pick each one's first token; the drafter sees the same prompt outputs."""
+        pick each one's first token; the drafter sees the same prompt outputs. batch: (row, request, seed)."""
         out: list[tuple[int, RequestResult]] = []
         firsts: list[Tensor] = []
         st = self.state
-        for run in _adjacent_runs(batch):
+        for b, _, seed in batch:
+            self.gen.seat(b, seed)
+        for run in _adjacent_runs([(b, req) for b, req, _ in batch]):
             lo, hi = run[0][0], run[-1][0] + 1
             lens = [len(req.prompt_ids) for _, req in run]
             P = max(lens)
@@ -199,7 +237,7 @@ class Engine:
             rows.seq_lens.zero_()
             last = torch.tensor(lens, device=self.device)[:, None] - 1  # [R, 1]
             tout = self.target(ids, rows, kv_len=P, logit_index=last, hidden_layers=self.hidden_layers)
-            tok = select(tout.logits, self.params, self.gen)  # [R, 1]
+            tok = select(tout.logits, self.params, self.gen.rows(lo, hi))  # [R, 1]
             rows.seq_lens.copy_(last[:, 0] + 1)
             st.last[lo:hi] = tok
             st.active[lo:hi] = 1
@@ -217,8 +255,9 @@ class Engine:
             st.history[b] = list(res.request.prompt_ids) + [tok]
         return out
 
-    def _step(self, slots: list[RequestResult | None]) -> tuple[Verdict, Tensor]:
-        """Propose, verify in one target forward, commit. Returns the verdict and each row's draft depth."""
+    def _step(self, slots: list[RequestResult | None]) -> tuple[Verdict, Tensor, Tensor]:
+        """Propose, verify in one target forward, commit. Returns the verdict and each row's draft nodes and
+        draft depth (equal for chains)."""
         st = self.state
         t = time.perf_counter()
         tree = self.drafter.propose(st) if self.drafter is not None else DraftTree.empty(len(slots), self.device)
@@ -237,7 +276,8 @@ class Engine:
         out = self.target(inputs, self.cache, kv_len=kv_len, positions=positions, tree_mask=tree_mask,
                           hidden_layers=self.hidden_layers)
         self.num_steps += 1
-        verdict = verify(tree, out.logits, self.params, self.gen, self.acceptance, **self.acceptance_kw)
+        verdict = verify(tree, out.logits, self.params, self.gen, self.rule, draws=self.max_nodes,
+                         **self.acceptance_kw)
         if not tree.is_chain and tree.depth > 0:  # move the accepted path right after the root
             dst0 = st.seq_lens + 1
             own = dst0[:, None] + torch.arange(tree.depth, device=self.device)
@@ -247,36 +287,35 @@ class Engine:
             self.drafter.commit(verdict, st, out)
         st.seq_lens += (1 + verdict.num_accepted) * st.active  # commit root + accepted drafts
         st.last.copy_(verdict.tokens.gather(1, verdict.num_accepted[:, None]))
-        return verdict, depth
+        return verdict, tree.lens, depth
 
-    def _append(self, res: RequestResult, new: list[int], now: float) -> None:
-        res.output_ids.extend(new)
-        res.chunk_times.append(now)
-        res.chunk_sizes.append(len(new))
-
-    def _finished(self, res: RequestResult) -> bool:
-        """Apply the stop conditions to the tail; trims tokens past EOS / a stop string / the budget."""
+    def _finished(self, res: RequestResult, n_new: int) -> bool:
+        """Apply the stop conditions token by token to the newest `n_new` tokens, in the order target-only
+        decoding meets them: EOS, the length budget, a stop string (decoded over the token and the
+        STOP_WINDOW tokens before it). Everything after the first stopping token is dropped."""
         ids, stop = res.output_ids, self.stop
-        start = len(ids) - (res.chunk_sizes[-1] if res.chunk_sizes else 1)
-        for i in range(start, len(ids)):
-            if ids[i] in stop.eos_ids:
-                del ids[i + 1:]
-                res.finish_reason = "eos"
-                return True
         budget = min(stop.max_new_tokens, self.context - len(res.request.prompt_ids))
-        if len(ids) >= budget:
-            del ids[budget:]
-            res.finish_reason = "length"
+        for i in range(len(ids) - n_new, len(ids)):
+            if ids[i] in stop.eos_ids:
+                reason = "eos"
+            elif i + 1 >= budget:
+                reason = "length"
+            elif stop.stop_strings and self._has_stop_string(ids[max(0, i - STOP_WINDOW): i + 1]):
+                reason = "stop"
+            else:
+                continue
+            del ids[i + 1:]
+            res.finish_reason = reason
             return True
-        if stop.stop_strings:
-            tail = self.tokenizer.decode(ids[-(len(ids) - start + 16):], skip_special_tokens=False)
-            if any(s in tail for s in stop.stop_strings):
-                res.finish_reason = "stop"
-                return True
         return False
 
-    def _release(self, b: int, res: RequestResult, slots: list, bar) -> RequestResult:
+    def _has_stop_string(self, ids: list[int]) -> bool:
+        tail = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return any(s in tail for s in self.stop.stop_strings)
+
+    def _release(self, b: int, res: RequestResult, slots: list) -> RequestResult:
         slots[b] = None
+        self.gen.release(b)
         self.state.active[b] = 0
         self.state.seq_lens[b] = 0  # an idle row still takes part in the forward: keep its writes in bounds
         self.host_lens[b] = 0
@@ -286,9 +325,20 @@ class Engine:
             if res.finish_reason == "stop" and s in text:
                 text = text[: text.index(s)]
         res.text = text
-        if bar is not None:
-            bar.update(1)
+        if self._bar is not None:
+            self._bar.update(1)
         return res
+
+
+def _seeds(requests: list[Request], seed: int) -> list[int]:
+    """Each request's stream seed from (seed, id, n-th request with that id): independent of batch and order."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in requests:
+        n = seen.get(r.id, 0)
+        seen[r.id] = n + 1
+        out.append(request_seed(seed, r.id, n))
+    return out
 
 
 def _adjacent_runs(batch: list[tuple[int, Request]]) -> list[list[tuple[int, Request]]]:

@@ -20,11 +20,12 @@ class RequestResult:
     text: str = ""
     finish_reason: str = ""  # "eos" | "stop" | "length"
     accepted_per_step: list[int] = field(default_factory=list)  # drafts accepted at each target step
-    draft_lens: list[int] = field(default_factory=list)  # drafts proposed at each target step
+    draft_lens: list[int] = field(default_factory=list)  # draft depth at each target step (chain: its length)
+    draft_nodes: list[int] = field(default_factory=list)  # draft nodes the target scored at each step
     t_admit: float = 0.0  # perf_counter when its prefill started
     t_first: float = 0.0  # when its first token was known on the host
     chunk_times: list[float] = field(default_factory=list)  # host time of every later token chunk
-    chunk_sizes: list[int] = field(default_factory=list)  # tokens delivered in each chunk
+    chunk_sizes: list[int] = field(default_factory=list)  # tokens kept from each chunk (after stop trimming)
 
     @property
     def num_new_tokens(self) -> int:

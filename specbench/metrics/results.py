@@ -1,11 +1,19 @@
 """Run metrics and the results.json contract (schema specbench.results/v1, see DESIGN.md).
 
-Names follow vLLM's spec-decode metrics: a step drafts `num_draft_tokens` and accepts
-`num_accepted_tokens` of them; mean acceptance length = 1 + accepted / drafts (the bonus token counts);
-per_position[i] = fraction of drafts whose i-th token was accepted. TPOT is (last token time - first
-token time) / (new tokens - 1) per request, the speed figure for speculation; ITL is the gap between
-successive chunks delivered to a request (a speculative step delivers several tokens at once); TTFT is
-from the start of the request's prefill to its first token.
+Names follow vLLM's spec-decode metrics. A *draft* is one request's proposal at one target step (steps
+where a request proposed nothing do not count). Per draft:
+- `num_draft_tokens`: draft nodes the target scored (a chain: its length; a tree: all its nodes);
+- `num_draft_depth_tokens`: the depth of its deepest node (= num_draft_tokens for chains);
+- `num_accepted_tokens`: drafts kept (the accepted path's length, <= depth).
+mean acceptance length (tau) = 1 + accepted / drafts (the bonus token counts); acceptance_rate = accepted /
+num_draft_tokens (what the target's extra work bought); depth_acceptance_rate = accepted / depth tokens;
+per_position[i] (i < k) = fraction of drafts whose i-th token (depth i+1) was accepted, always k long.
+
+Latency: TTFT is from the start of the request's prefill to its first token; TPOT is (last token time -
+first token time) / (tokens after the first) per request, over the tokens kept after stop trimming; ITL
+is the gap between successive chunks delivered to a request (a speculative step delivers several at once).
+At temperature > 0 the same-run baseline samples other (equally distributed) tokens, so
+`outputs_match_baseline`, `baseline_match_rate` and `first_divergence` are null there.
 """
 
 from __future__ import annotations
@@ -28,35 +36,39 @@ def _stats(xs: list[float]) -> dict[str, float | None]:
 
 @dataclass
 class AcceptanceStats:
-    """Counters filled once per request step: drafts, draft tokens, accepted tokens, accepted per position."""
+    """Counters filled once per request step: drafts, draft nodes and depth, accepted tokens per position."""
 
+    k: int = 0  # configured draft depth: per_position has k entries
     num_drafts: int = 0
     num_draft_tokens: int = 0
+    num_draft_depth_tokens: int = 0
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)  # [i] = drafts whose token i was accepted
-    drafts_per_pos: list[int] = field(default_factory=list)  # [i] = drafts that had a token i
-    histogram: list[int] = field(default_factory=list)  # [j] = steps that accepted exactly j drafts
+    histogram: list[int] = field(default_factory=list)  # [j] = drafts that accepted exactly j tokens (j <= k)
 
-    def record(self, draft_len: int, accepted: int) -> None:
-        if draft_len == 0:
+    def __post_init__(self) -> None:
+        self.accepted_per_pos = [0] * self.k
+        self.histogram = [0] * (self.k + 1)
+
+    def record(self, depth: int, nodes: int, accepted: int) -> None:
+        if nodes == 0:
             return
+        if not 0 <= accepted <= depth <= min(nodes, self.k):
+            raise ValueError(f"a draft of depth {depth}, {nodes} nodes, {accepted} accepted, k={self.k}")
         self.num_drafts += 1
-        self.num_draft_tokens += draft_len
+        self.num_draft_tokens += nodes
+        self.num_draft_depth_tokens += depth
         self.num_accepted_tokens += accepted
-        for lst, n in ((self.accepted_per_pos, accepted), (self.drafts_per_pos, draft_len), (self.histogram, accepted + 1)):
-            lst.extend([0] * (n - len(lst)))
         for i in range(accepted):
             self.accepted_per_pos[i] += 1
-        for i in range(draft_len):
-            self.drafts_per_pos[i] += 1
         self.histogram[accepted] += 1
 
     @classmethod
-    def from_results(cls, results: list[RequestResult]) -> "AcceptanceStats":
-        s = cls()
+    def from_results(cls, results: list[RequestResult], k: int) -> "AcceptanceStats":
+        s = cls(k)
         for r in results:
-            for d, a in zip(r.draft_lens, r.accepted_per_step):
-                s.record(d, a)
+            for d, n, a in zip(r.draft_lens, r.draft_nodes, r.accepted_per_step):
+                s.record(d, n, a)
         return s
 
     def summary(self) -> dict:
@@ -64,12 +76,15 @@ class AcceptanceStats:
         return {
             "num_drafts": drafts,
             "num_draft_tokens": self.num_draft_tokens,
+            "num_draft_depth_tokens": self.num_draft_depth_tokens,
             "num_accepted_tokens": self.num_accepted_tokens,
             "mean_acceptance_length": 1.0 + self.num_accepted_tokens / drafts if drafts else None,
             "acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
+            "depth_acceptance_rate": (self.num_accepted_tokens / self.num_draft_depth_tokens
+                                      if self.num_draft_depth_tokens else None),
             # vLLM divides by num_drafts at every position (a short draft counts as a miss there)
             "per_position": [a / drafts for a in self.accepted_per_pos] if drafts else [],
-            "histogram": list(self.histogram),
+            "histogram": list(self.histogram) if drafts else [],
         }
 
 
@@ -111,13 +126,14 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
     """Assemble the results.json document. `baseline`: {tokens_per_s, wall_s} of target-only decoding."""
     new_tokens = sum(r.num_new_tokens for r in results)
     tps = new_tokens / wall_s if wall_s > 0 else 0.0
+    k = int(config.get("k") or 0) if config.get("drafter") else 0
     div = [None] * len(results)
     match = rate = None
     greedy = float(config.get("temperature", 0.0)) == 0.0
-    if baseline_results is not None:
+    if baseline_results is not None and greedy:  # at T > 0 identity is not expected: nothing to report
         div = [first_divergence(r.output_ids, b.output_ids) for r, b in zip(results, baseline_results)]
         rate = sum(d is None for d in div) / len(div) if div else None
-        match = all(d is None for d in div) if greedy else None
+        match = all(d is None for d in div)
     cats: dict[str, list[int]] = {}
     for i, r in enumerate(results):
         cats.setdefault(r.request.category or "default", []).append(i)
@@ -125,7 +141,7 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
     def cat_entry(idx: list[int]) -> dict:
         rs = [results[i] for i in idx]
         entry = {"requests": len(rs), "new_tokens": sum(r.num_new_tokens for r in rs),
-                 "acceptance": AcceptanceStats.from_results(rs).summary(),
+                 "acceptance": AcceptanceStats.from_results(rs, k).summary(),
                  "tokens_per_s": _request_rate(rs), "baseline_tokens_per_s": None, "speedup": None}
         if baseline_results is not None:
             entry["baseline_tokens_per_s"] = _request_rate([baseline_results[i] for i in idx])
@@ -137,7 +153,7 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
         "schema": SCHEMA,
         "config": config,
         "totals": {"new_tokens": new_tokens, "target_steps": target_steps, "wall_s": wall_s, "tokens_per_s": tps},
-        "acceptance": AcceptanceStats.from_results(results).summary(),
+        "acceptance": AcceptanceStats.from_results(results, k).summary(),
         "latency": latency(results),
         "baseline": baseline,
         "speedup": tps / baseline["tokens_per_s"] if baseline and baseline.get("tokens_per_s") else None,

@@ -49,6 +49,7 @@ def _flat_summary(doc: dict) -> dict:
     out = {
         "accept/mean_acceptance_length": a["mean_acceptance_length"], "accept/rate": a["acceptance_rate"],
         "accept/num_drafts": a["num_drafts"], "accept/num_draft_tokens": a["num_draft_tokens"],
+        "accept/num_draft_depth_tokens": a["num_draft_depth_tokens"],
         "accept/num_accepted_tokens": a["num_accepted_tokens"],
         "perf/tokens_per_s": t["tokens_per_s"], "perf/wall_s": t["wall_s"], "perf/new_tokens": t["new_tokens"],
         "perf/speedup": doc["speedup"], "perf/baseline_tokens_per_s": (doc["baseline"] or {}).get("tokens_per_s"),
@@ -78,6 +79,7 @@ class WandbSink:
     def step(self, rec: StepRecord) -> None:
         rate = rec.num_accepted_tokens / rec.num_draft_tokens if rec.num_draft_tokens else None
         data = {"accept/step_num_draft_tokens": rec.num_draft_tokens,
+                "accept/step_num_draft_depth": rec.num_draft_depth,
                 "accept/step_num_accepted_tokens": rec.num_accepted_tokens,
                 "perf/step_ms": rec.step_ms, "perf/draft_ms": rec.draft_ms, "perf/verify_ms": rec.verify_ms,
                 "batch/num_active": rec.num_active, "perf/t_s": rec.t}

@@ -1,31 +1,42 @@
-"""Linear layers on the CPU: which matmul formulation a decode / verify step uses.
+"""Linear layers on the CPU: which matmul formulation a decode / verify step uses, chosen by measurement.
 
-- bfloat16 on a CPU without native bf16 dot products (no AVX512-BF16 / AMX; e.g. AVX2-only machines): PyTorch's
-  bf16 matmul cost grows linearly with the token count there, so a 4-token verify costs twice a decode step
-  and speculation cannot pay. `csrc/linear_bf16.cpp` (AVX2 + FMA) keeps small-M products memory-bound (and is
-  4-6x faster than PyTorch's for prefills too, so it serves every M); it is
-  compiled on first use into the cache dir (~1 minute, needs a C++ compiler and ninja) and used when it builds.
-- float32 with 2..64 rows: `(W @ x^T)^T` instead of `x @ W^T`: MKL then streams W instead of packing it per
-  call (measured 1.5-2.5x faster for 2-16 rows on an AVX2 machine; the same at 1 row).
-- everything else: `F.linear`.
+Candidates for `linear(x, W)` with M = rows of x:
+- `torch`: F.linear (x @ W^T).
+- `wxt`: (W @ x^T)^T. MKL then streams W instead of packing it per call; on an AVX2 machine this measured
+  1.5-2.5x faster for fp32 at 2-16 rows, on an AVX512-BF16 machine slower: it depends on the CPU.
+- `avx2` (bf16 only, CPUs without native bf16 dot products): `csrc/linear_bf16.cpp` (AVX2 + FMA), where
+  PyTorch's bf16 matmul cost grows linearly with the token count. Compiled on first use into the cache dir
+  (~1 minute, needs a C++ compiler and ninja); a candidate only where it builds.
 
-`set_mode("torch")` (config `model.linear=torch`) turns both off.
+`model.linear=auto` measures the candidates once per (dtype, K x N weight shape, M bucket) at first use
+(interleaved rounds, median; a candidate replaces `torch` only when it is at least 5% faster) and caches the
+choice on disk per CPU model, torch version and thread count, so a machine measures once. Weights under
+64K elements always use F.linear (call overhead dominates there). `describe()` lists the choices made, for
+results.json. `model.linear=torch` (`set_mode("torch")`) turns all of it off.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import statistics
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from specbench.core.hw import cache_root, cpu_has_fast_bf16, cpu_info, has_flags
 from specbench.log import log
 
 _SRC = Path(__file__).resolve().parent / "csrc" / "linear_bf16.cpp"
-_state: dict = {"mode": "auto", "ext": None, "tried": False}
+_state: dict = {"mode": "auto", "ext": None, "tried": False, "table": None}
 MODES = ("auto", "torch")
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256)  # M is measured at the smallest bucket >= M (prefills: 256)
+MIN_WEIGHT = 1 << 16  # smaller weights: F.linear, no measurement
+MARGIN = 0.95  # an alternative must take <= 95% of torch's time
 
 
 def set_mode(mode: str) -> None:
@@ -35,16 +46,7 @@ def set_mode(mode: str) -> None:
 
 
 def cpu_has_native_bf16() -> bool:
-    from specbench.run import cpu_has_fast_bf16
-
     return cpu_has_fast_bf16()
-
-
-def _cpu_flags() -> str:
-    try:
-        return Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return ""
 
 
 def bf16_kernel():
@@ -52,13 +54,10 @@ def bf16_kernel():
     if _state["tried"]:
         return _state["ext"]
     _state["tried"] = True
-    flags = _cpu_flags()
-    if cpu_has_native_bf16() or " avx2" not in flags or " fma" not in flags:
+    if cpu_has_native_bf16() or not has_flags("avx2", "fma"):
         return None
     try:
         from torch.utils.cpp_extension import load
-
-        from specbench.models.loading import cache_root
 
         tag = hashlib.sha256(_SRC.read_bytes() + torch.__version__.encode()).hexdigest()[:12]
         build = cache_root() / "ext" / f"linear_bf16-{tag}"
@@ -75,27 +74,100 @@ def bf16_kernel():
     return _state["ext"]
 
 
+def _bucket(M: int) -> int:
+    return next((b for b in BUCKETS if M <= b), BUCKETS[-1])
+
+
+def _table_path() -> Path:
+    tag = hashlib.sha256(f"{cpu_info()['model']}|{sorted(cpu_info()['flags'])}|{torch.__version__}|"
+                         f"{torch.get_num_threads()}".encode()).hexdigest()[:16]
+    return cache_root() / "linear" / f"choices-{tag}.json"
+
+
+def _table() -> dict:
+    if _state["table"] is None:
+        path = _table_path()
+        try:
+            _state["table"] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            _state["table"] = {}
+    return _state["table"]
+
+
+def _run(name: str, x: Tensor, w: Tensor) -> Tensor:
+    if name == "wxt":
+        return (w @ x.T).T
+    if name == "avx2":
+        return bf16_kernel().linear_bf16(x, w)
+    return F.linear(x, w)
+
+
+def _measure(dtype: torch.dtype, K: int, N: int, M: int) -> str:
+    """Time every candidate on random [M, K] x [N, K]^T in interleaved rounds; the fastest by median."""
+    names = ["torch", "wxt"]
+    if dtype == torch.bfloat16 and K % 8 == 0 and bf16_kernel() is not None:
+        names.append("avx2")
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
+    with torch.no_grad():
+        for n in names:  # warm-up (first-call allocations, kernel packing)
+            _run(n, x, w)
+        t0 = time.perf_counter()
+        _run("torch", x, w)
+        reps = max(1, min(50, int(2e-3 / max(time.perf_counter() - t0, 1e-6))))  # ~2 ms per timing
+        times: dict[str, list[float]] = {n: [] for n in names}
+        for _ in range(7):
+            for n in names:
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    _run(n, x, w)
+                times[n].append(time.perf_counter() - t0)
+    med = {n: statistics.median(t) for n, t in times.items()}
+    best = min(med, key=med.get)
+    return best if med[best] <= MARGIN * med["torch"] else "torch"
+
+
+def choice(dtype: torch.dtype, K: int, N: int, M: int) -> str:
+    """The formulation `linear` uses for [M, K] x [N, K]^T (measured once, cached on disk)."""
+    if K * N < MIN_WEIGHT or dtype not in (torch.float32, torch.bfloat16):
+        return "torch"
+    key = f"{str(dtype).removeprefix('torch.')}:{K}x{N}:{_bucket(M)}"
+    table = _table()
+    if key not in table:
+        table[key] = _measure(dtype, K, N, _bucket(M))
+        path = _table_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1, sort_keys=True))
+            tmp.replace(path)
+        except OSError:  # a read-only cache only costs re-measuring next time
+            pass
+    return table[key]
+
+
+def describe(dtype: torch.dtype | None = None) -> dict:
+    """For results.json: the mode, where the choices are cached, and every choice measured (for `dtype`)."""
+    prefix = "" if dtype is None else str(dtype).removeprefix("torch.") + ":"
+    return {"mode": _state["mode"], "table": str(_table_path()),
+            "choices": {k: v for k, v in sorted(_table().items()) if k.startswith(prefix)}}
+
+
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """F.linear(x, weight, bias) with the formulation chosen above."""
+    """F.linear(x, weight, bias) with the formulation measured fastest on this CPU for its shape."""
     if _state["mode"] == "torch" or x.device.type != "cpu" or torch.is_grad_enabled():
         return F.linear(x, weight, bias)
     K = x.shape[-1]
     M = x.numel() // K
-    if x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and K % 8 == 0:
-        ext = bf16_kernel()
-        if ext is not None and weight.is_contiguous():
-            y = ext.linear_bf16(x.reshape(M, K), weight)
-            if bias is not None:
-                y = y + bias
-            return y.view(*x.shape[:-1], weight.shape[0])
-    elif x.dtype == torch.float32 and 1 < M <= 64:
-        y = (weight @ x.reshape(M, K).T).T
-        if bias is not None:
-            y = y + bias
-        return y.reshape(*x.shape[:-1], weight.shape[0])
-    return F.linear(x, weight, bias)
-
-
+    if x.dtype != weight.dtype or not weight.is_contiguous():
+        return F.linear(x, weight, bias)
+    how = choice(x.dtype, K, weight.shape[0], M)
+    if how == "torch":
+        return F.linear(x, weight, bias)
+    y = _run(how, x.reshape(M, K), weight)
+    if bias is not None:
+        y = y + bias
+    return y.view(*x.shape[:-1], weight.shape[0])
 class Linear(torch.nn.Linear):
     """nn.Linear whose forward goes through `linear` (same parameters, same state-dict names)."""
 

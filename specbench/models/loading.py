@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from specbench.core.hw import cache_root  # noqa: F401 - re-exported for callers
 from specbench.errors import UserError
 from specbench.models.attention import choose_backend
 from specbench.models.config import ModelConfig
@@ -36,10 +37,6 @@ class LoadedModel:
     name: str
     path: str  # the HF-format folder actually loaded (the cache folder for GGUF sources)
     source: str  # what the user gave (a path or "embedded")
-
-
-def cache_root(cache_dir: str | None = None) -> Path:
-    return Path(cache_dir or os.environ.get("SPECBENCH_CACHE") or Path.home() / ".cache" / "specbench")
 
 
 def embedded_gguf_path() -> Path:

@@ -19,7 +19,7 @@ def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
     """Self-distillation data: the target's own greedy responses to the prompts (batched, cached as JSONL)."""
     from specbench.data.prompts import Prompt, to_requests
     from specbench.engine.loop import Engine, StopCriteria
-    from specbench.engine.sampling import SamplingParams
+    from specbench.core.sampling import SamplingParams
     from specbench.train.data import Example
 
     done = {}

@@ -19,7 +19,7 @@ from torch import Tensor
 from specbench.data.prompts import to_requests
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.sampling import SamplingParams
+from specbench.core.sampling import SamplingParams
 from specbench.errors import UserError
 from specbench.metrics.results import AcceptanceStats
 from specbench.models.loading import hf_state_dict
@@ -171,7 +171,7 @@ class DraftModelMethod:
         eng = Engine(self.target, tok, batch_size=min(4, len(reqs)), params=SamplingParams(), progress=False,
                      stop=StopCriteria(frozenset({tok.eos_token_id}), self.eval_max_new),
                      drafter=DraftModelDrafter(model=draft), k=self.eval_k)
-        acc = AcceptanceStats.from_results(eng.run(reqs)).summary()
+        acc = AcceptanceStats.from_results(eng.run(reqs), self.eval_k).summary()
         self.student.train(was_training)
         return {"eval/mean_acceptance_length": acc["mean_acceptance_length"] or 1.0,
                 "eval/acceptance_rate": acc["acceptance_rate"] or 0.0}

@@ -26,7 +26,7 @@ from torch import Tensor
 from specbench.data.prompts import to_requests
 from specbench.drafters.eagle import EagleDrafter
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.sampling import SamplingParams
+from specbench.core.sampling import SamplingParams
 from specbench.errors import UserError
 from specbench.metrics.results import AcceptanceStats
 from specbench.models.eagle import EagleConfig, EagleDraft, default_aux_layers, save_eagle
@@ -222,7 +222,7 @@ class Eagle3Method:
         eng = Engine(self.target, tok, batch_size=min(4, len(reqs)), params=SamplingParams(), progress=False,
                      stop=StopCriteria(frozenset({tok.eos_token_id}), self.eval_max_new),
                      drafter=EagleDrafter(model=inference_copy(self.head, self.target)), k=self.eval_k)
-        acc = AcceptanceStats.from_results(eng.run(reqs)).summary()
+        acc = AcceptanceStats.from_results(eng.run(reqs), self.eval_k).summary()
         out = {"eval/mean_acceptance_length": acc["mean_acceptance_length"] or 1.0,
                "eval/acceptance_rate": acc["acceptance_rate"] or 0.0}
         for i, p in enumerate(acc["per_position"]):
