@@ -57,3 +57,63 @@ class TableTreeDrafter:
 
     def commit(self, verdict, state, target_out) -> None:
         pass
+
+
+class OracleTreeDrafter:
+    """A width-2 tree built from the target itself, with a planned accepted length per row and step.
+
+    Nodes by depth: [a1, b1, a2, b2, ..., ak, bk]; a_d's parent is a_{d-1}, b_d's is b_{d-1} (a1, b1: the root).
+    One branch (a or b, alternating with row + step, so the accepted path is often the second sibling and the
+    cache compaction moves scattered slots) carries the target's own greedy continuation up to a planned break
+    depth j in 1..k+1 where it turns wrong; the other branch is wrong from depth 1. Greedy verification must
+    then accept exactly j - 1 tokens: `plans` records (planned, accepted) per row per step.
+    """
+
+    hidden_layers: tuple[int, ...] = ()
+    max_draft_len = 8
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.plans: list[list[tuple[int, int]]] = []  # per step: [(planned, accepted)] of the active rows
+
+    def max_nodes(self, k: int) -> int:
+        return 2 * k
+
+    def setup(self, target, batch_size, max_len, k, params, gen) -> None:
+        self.steps = [0] * batch_size
+        self.V = target.config.vocab_size
+
+    def prefill(self, rows, admitted, target_out) -> None:
+        for b in rows:
+            self.steps[b] = 0
+
+    def _greedy(self, history: list[int], k: int) -> list[int]:
+        seq = list(history)
+        for _ in range(k):
+            seq.append(int(self.model(torch.tensor([seq]), None).logits[0, -1].argmax()))
+        return seq[len(history):]
+
+    def propose(self, state) -> DraftTree:
+        k, B, V = state.k, state.last.shape[0], self.V
+        tokens = torch.full((B, 2 * k), -1, dtype=torch.long)
+        parents = torch.tensor([-1, -1] + [2 * (d - 1) + br for d in range(1, k) for br in (0, 1)]).expand(B, 2 * k)
+        self.planned = [None] * B
+        for b in range(B):
+            if not state.active[b]:
+                continue
+            g = self._greedy(state.history[b], k)
+            j = 1 + (b * 7 + self.steps[b] * 3) % (k + 1)  # first wrong depth on the good branch (k+1: none)
+            good = (b + self.steps[b]) % 2
+            for d in range(1, k + 1):
+                right = g[d - 1]
+                tokens[b, 2 * (d - 1) + good] = right if d < j else (right + 1) % V
+                tokens[b, 2 * (d - 1) + 1 - good] = (g[0] + 2) % V if d == 1 else (right + 3) % V
+            self.planned[b] = j - 1
+            self.steps[b] += 1
+        lens = state.active * (2 * k)
+        return DraftTree(tokens=tokens.masked_fill(lens[:, None] == 0, -1), parents=parents.contiguous(), lens=lens,
+                         depth=k, width=2)
+
+    def commit(self, verdict, state, target_out) -> None:
+        acc = verdict.num_accepted.tolist()
+        self.plans.append([(p, acc[b]) for b, p in enumerate(self.planned) if p is not None])

@@ -50,6 +50,8 @@ def test_run_writes_results_contract(tmp_path, tiny_dir):
                 "dtype", "tp", "pp", "async"):
         assert key in c, key
     assert c["method"]["name"] == "none" and c["dtype"] in ("float32", "bfloat16") and c["device"] == "cpu"
+    assert isinstance(c["cpu"]["flags"], list) and c["cpu"]["linear"]["mode"] == "auto"
+    assert c["acceptance_rule"] == {"rule": None, "lossless": True}
     assert [r["id"] for r in doc["requests"]] == ["81", "82"]
     assert [r["category"] for r in doc["requests"]] == ["writing", "math"]
     assert doc["requests"][0]["prompt"] == "the quick brown fox"

@@ -1,5 +1,6 @@
 """CPU matmul formulations: every path of `cpu_kernels.linear` equals F.linear (fp32 exactly up to summation
-order, bf16 within one rounding), a model gives the same logits with kernels on and off, and bad settings fail."""
+order, bf16 within one rounding), choices are measured once per machine and cached, a model gives the same
+logits with kernels on and off, and bad settings fail."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ def _restore_mode():
     cpu_kernels.set_mode("auto")
 
 
+@pytest.mark.parametrize("how", ["torch", "wxt"])
 @pytest.mark.parametrize("M", [1, 2, 3, 5, 8, 24, 64, 65])
-def test_fp32_matches_f_linear(M):
+def test_fp32_matches_f_linear(M, how, monkeypatch):
+    monkeypatch.setattr(cpu_kernels, "choice", lambda *a: how)
     g = torch.Generator().manual_seed(M)
     x, w, b = torch.randn(M, 96, generator=g), torch.randn(40, 96, generator=g), torch.randn(40, generator=g)
     with torch.inference_mode():
@@ -55,6 +58,30 @@ def test_model_logits_with_and_without_kernels(tiny_dir):
         cpu_kernels.set_mode("torch")
         off = lm.model(ids, None).logits
     torch.testing.assert_close(on, off, atol=1e-5, rtol=1e-5)
+
+
+def test_choices_are_measured_once_and_cached(tmp_path, monkeypatch):
+    """First use measures (here: a stand-in that counts), the table lands on disk keyed by the CPU and torch,
+    and a fresh process state reads it back instead of measuring again."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setitem(cpu_kernels._state, "table", None)
+    calls = []
+    monkeypatch.setattr(cpu_kernels, "_measure", lambda dt, K, N, M: calls.append((K, N, M)) or "wxt")
+    assert cpu_kernels.choice(torch.float32, 256, 512, 3) == "wxt"  # bucket 4
+    assert cpu_kernels.choice(torch.float32, 256, 512, 4) == "wxt" and calls == [(256, 512, 4)]
+    assert cpu_kernels.choice(torch.float32, 16, 16, 4) == "torch" and len(calls) == 1  # too small to matter
+    files = list((tmp_path / "linear").glob("choices-*.json"))
+    assert len(files) == 1 and "float32:256x512:4" in files[0].read_text()
+    cpu_kernels._state["table"] = None  # as a new process would start
+    assert cpu_kernels.choice(torch.float32, 256, 512, 2) == "wxt" and len(calls) == 2  # new bucket: measured
+    assert cpu_kernels.choice(torch.float32, 256, 512, 4) == "wxt" and len(calls) == 2  # from disk
+    assert cpu_kernels.describe(torch.float32)["choices"] == {"float32:256x512:2": "wxt", "float32:256x512:4": "wxt"}
+
+
+def test_measurement_picks_a_real_candidate(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setitem(cpu_kernels._state, "table", None)
+    assert cpu_kernels._measure(torch.float32, 256, 512, 2) in ("torch", "wxt")
 
 
 def test_bad_mode():

@@ -64,12 +64,8 @@ class Spy:
         t = self.inner.propose(state)
         B, N = t.tokens.shape
         assert t.tokens.dtype == torch.long and t.parents.dtype == torch.long and t.lens.dtype == torch.long
-        assert t.parents.shape == (B, N) and t.lens.shape == (B,) and N <= self.inner.max_nodes(self.k)
-        assert (t.lens >= 0).all() and (t.lens <= N).all() and t.depth <= self.k
-        assert (t.parents < torch.arange(N)).all() and (t.parents >= -1).all()
+        assert t.contract_errors(self.k, self.inner.max_nodes(self.k)) == []
         assert (t.lens * (1 - state.active) == 0).all()  # idle rows propose nothing
-        if N:
-            assert int(t.depths().max()) <= t.depth
         if t.probs is not None:
             assert t.probs.shape == (B, N, state_vocab(state)) and t.probs.dtype == torch.float32
         self.calls += 1
@@ -99,6 +95,37 @@ def test_method_contract(method, temperature, tiny_dir, tmp_path):
     assert spy.calls > 0 and all(len(o) == 10 for o in out)
     if temperature == 0.0:
         assert out == run(None)
+
+
+def test_contract_catches_misreported_trees():
+    """root -> n0, n1, n2 (three children); n0 -> n3. The host ints width / depth must not under-report."""
+    tokens, parents, lens = torch.tensor([[4, 5, 6, 7]]), torch.tensor([[-1, -1, -1, 0]]), torch.tensor([4])
+    ok = DraftTree(tokens, parents, lens, depth=2, width=3)
+    assert ok.contract_errors(k=3, max_nodes=4) == []
+    assert DraftTree(tokens, parents, lens, depth=2, width=2).contract_errors(3, 4) == [
+        "width=2 but a node has 3 valid children"]
+    assert DraftTree(tokens, parents, lens, depth=1, width=3).contract_errors(3, 4) == [
+        "depth=1 but the deepest valid node is at 2 (k=3)"]
+    assert DraftTree(tokens, parents, lens, depth=2, width=3).contract_errors(3, 3) == ["4 nodes > max_nodes(3) = 3"]
+    bad_pad = DraftTree(tokens, parents, torch.tensor([3]), depth=2, width=3)
+    assert "tokens must be >= 0 on valid nodes and PAD_ID past lens" in bad_pad.contract_errors(3, 4)
+    chain_lie = DraftTree(tokens, parents, lens, is_chain=True, depth=2, width=3)
+    assert "is_chain=True but a node's parent is not the previous node" in chain_lie.contract_errors(3, 4)
+
+
+def test_under_reported_width_would_drop_children():
+    """Why the contract matters: with width=1 the third child (the one the target wants) is never tried."""
+    from specbench.verify import verify_greedy
+
+    lg = torch.zeros(1, 5, 10)
+    lg[0, 0, 6] = 5.0  # the target wants n2 (token 6) at the root
+    tree = dict(tokens=torch.tensor([[4, 5, 6, 7]]), parents=torch.tensor([[-1, -1, -1, 0]]), lens=torch.tensor([4]))
+    assert verify_greedy(DraftTree(**tree, depth=2, width=3), lg).num_accepted.tolist() == [1]
+    from specbench.verify import verify_sampling
+
+    lies = DraftTree(**tree, depth=2, width=1)
+    v = verify_sampling(lies, lg * 10, SamplingParams(1.0), torch.Generator().manual_seed(0))
+    assert v.num_accepted.tolist() == [0]  # n2 was dropped: only a recovered token comes out
 
 
 @pytest.mark.slow

@@ -102,3 +102,93 @@ def test_sampling_rejection_avoids_the_rejected_token():
         v = verify(tree, lg, SamplingParams(temperature=1.0), gen)
         if v.num_accepted.item() == 0:
             assert v.tokens[0, 0].item() in (0, 1)
+
+
+# ------------------------------------------------------------------------------------- typical
+def _dist(*pairs, rest: float | None = None) -> torch.Tensor:
+    """A distribution over V tokens: the (token, p) pairs given, the remaining mass spread over the others."""
+    p = torch.zeros(V)
+    for t, x in pairs:
+        p[t] = x
+    others = [i for i in range(V) if i not in dict(pairs)]
+    p[others] = (1 - p.sum()) / len(others) if rest is None else rest
+    return p
+
+
+def _medusa_reference(tree: DraftTree, probs: torch.Tensor, eps: float, alpha: float) -> tuple[int, list[int]]:
+    """Medusa's evaluate_posterior (typical), transcribed: one candidate per leaf (root-to-leaf node path),
+    posterior mask cumprod, the longest accepted prefix, ties by summed log p of the accepted tokens."""
+    N = int(tree.lens[0])
+    parents, tokens = tree.parents[0].tolist(), tree.tokens[0].tolist()
+    leaves = [n for n in range(N) if n not in parents[:N]]
+    best_len, best_lik, best_path = 0, None, []
+    for leaf in leaves:
+        path = [leaf]
+        while parents[path[0]] >= 0:
+            path.insert(0, parents[path[0]])
+        acc, lik = 0, 0.0
+        for n in path:
+            p = probs[parents[n] + 1]  # the distribution at the parent (forward index)
+            ent = -(p * torch.log(p + 1e-5)).sum()
+            if not p[tokens[n]] > min(eps, alpha * float(torch.exp(-ent))):
+                break
+            acc, lik = acc + 1, lik + float(torch.log(p[tokens[n]]))
+        if acc > best_len or (acc == best_len and acc > 0 and lik > best_lik):
+            best_len, best_lik, best_path = acc, lik, path[:acc]
+    return best_len, best_path
+
+
+def test_typical_takes_the_longest_path_not_the_first_passing_sibling():
+    """root -> n0 (1), n1 (2); n0 -> n2 (3); n1 -> n3 (4) -> n4 (5). n0 passes at the root and comes first,
+    but its child fails; the longest passing path is n1, n3, n4."""
+    tree = DraftTree(tokens=torch.tensor([[1, 2, 3, 4, 5]]), parents=torch.tensor([[-1, -1, 0, 1, 3]]),
+                     lens=torch.tensor([5]), depth=3, width=2)
+    probs = torch.stack([_dist((1, 0.5), (2, 0.4)), _dist((3, 0.01)), _dist((4, 0.9)), _dist((0, 0.9)),
+                         _dist((5, 0.9)), _dist((7, 0.97), rest=0.03 / 9)])[None]  # root, n0..n4
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        v = verify(tree, probs.log(), SamplingParams(temperature=1.0), gen, rule="typical")
+        assert v.num_accepted.tolist() == [3] and v.accepted_nodes.tolist() == [[1, 3, 4]]
+        assert v.tokens.tolist() == [[2, 4, 5, 7]]  # the extra token: only 7 passes the threshold at n4
+    assert _medusa_reference(tree, probs[0], 0.09, 0.3) == (3, [1, 3, 4])
+
+
+def test_typical_breaks_ties_by_likelihood():
+    """Two one-token paths both pass; Medusa keeps the likelier (n1), not the first (n0)."""
+    tree = DraftTree(tokens=torch.tensor([[1, 2]]), parents=torch.tensor([[-1, -1]]), lens=torch.tensor([2]),
+                     depth=1, width=2)
+    probs = torch.stack([_dist((1, 0.3), (2, 0.6)), _dist((0, 0.9)), _dist((0, 0.9))])[None]
+    v = verify(tree, probs.log(), SamplingParams(temperature=1.0), torch.Generator().manual_seed(0), rule="typical")
+    assert v.accepted_nodes.tolist() == [[1]] and v.tokens[0, 0].item() == 2
+
+
+def test_typical_matches_medusa_reference_on_random_trees():
+    g = torch.Generator().manual_seed(0)
+    lengths = set()
+    for trial in range(200):
+        N = 6
+        parents = [-1] + [int(torch.randint(-1, n, (1,), generator=g)) for n in range(1, N)]
+        tree = DraftTree(tokens=torch.randperm(V, generator=g)[:N][None], parents=torch.tensor([parents]),  # siblings differ, as in Medusa
+                         lens=torch.tensor([N]), depth=N, width=N)
+        sharp = 0.5 + 3 * torch.rand(1, generator=g)
+        logits = torch.randn(1, N + 1, V, generator=g) * sharp
+        probs = torch.softmax(logits, -1)
+        want_len, want_path = _medusa_reference(tree, probs[0], 0.09, 0.3)
+        v = verify(tree, logits, SamplingParams(temperature=1.0), torch.Generator().manual_seed(trial), rule="typical")
+        got = [n for n in v.accepted_nodes[0].tolist() if n >= 0]
+        assert (v.num_accepted.item(), got) == (want_len, want_path), trial
+        lengths.add(want_len)
+    assert {0, 1, 2, 3} <= lengths  # the trials exercised several path lengths
+
+
+def test_sampling_rules_refuse_temperature_zero():
+    import pytest
+
+    tree = DraftTree.chain(torch.tensor([[3]]), torch.tensor([1]))
+    for rule in ("sampling", "typical"):
+        with pytest.raises(ValueError, match=f"acceptance={rule} needs temperature > 0"):
+            verify(tree, _logits_for([[3, 4]]), SamplingParams(temperature=0.0), None, rule=rule)
+    with pytest.raises(ValueError, match="needs temperature > 0"):
+        from specbench.core.sampling import target_probs
+
+        target_probs(torch.zeros(4), SamplingParams(0.0))

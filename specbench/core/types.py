@@ -47,6 +47,40 @@ class DraftTree:
         z = torch.zeros(batch_size, 0, dtype=torch.long, device=device)
         return DraftTree(z, z.clone(), torch.zeros(batch_size, dtype=torch.long, device=device), None, True, 0, 1)
 
+    def contract_errors(self, k: int, max_nodes: int) -> list[str]:
+        """What breaks the contract verification relies on (host syncs: for tests and debugging, not the hot
+        path). `depth` and `width` are trusted host ints: an under-reported width drops children from
+        verification while the target still scores them, an under-reported depth cuts paths short."""
+        errs: list[str] = []
+        B, N = self.tokens.shape
+        if self.parents.shape != (B, N) or self.lens.shape != (B,):
+            return [f"shapes: tokens {tuple(self.tokens.shape)}, parents {tuple(self.parents.shape)}, "
+                    f"lens {tuple(self.lens.shape)}"]
+        if N > max_nodes:
+            errs.append(f"{N} nodes > max_nodes({k}) = {max_nodes}")
+        if not ((self.lens >= 0) & (self.lens <= N)).all():
+            errs.append(f"lens {self.lens.tolist()} outside 0..{N}")
+        valid = torch.arange(N, device=self.tokens.device)[None] < self.lens[:, None]
+        if not ((self.parents >= -1) & (self.parents < torch.arange(N, device=self.parents.device))).all():
+            errs.append("a parent is not an earlier node (or -1)")
+            return errs
+        if (self.tokens[~valid] != PAD_ID).any() or (self.tokens[valid] < 0).any():
+            errs.append("tokens must be >= 0 on valid nodes and PAD_ID past lens")
+        if (valid & ~valid.gather(1, self.parents.clamp(min=0)) & (self.parents >= 0)).any():
+            errs.append("a valid node has a padded parent")
+        if self.is_chain and N and not (self.parents == torch.arange(N, device=self.parents.device) - 1).all():
+            errs.append("is_chain=True but a node's parent is not the previous node")
+        if N:
+            d = DraftTree(self.tokens, self.parents, self.lens, None, False, N, 1).depths()  # depth N: exact
+            real_depth = int(torch.where(valid, d, 0).max())
+            if real_depth > self.depth or self.depth > k:
+                errs.append(f"depth={self.depth} but the deepest valid node is at {real_depth} (k={k})")
+            kids = torch.zeros(B, N + 1, dtype=torch.long, device=self.parents.device)
+            kids.scatter_add_(1, (self.parents + 1).clamp(min=0), valid.long())
+            if int(kids.max()) > self.width:
+                errs.append(f"width={self.width} but a node has {int(kids.max())} valid children")
+        return errs
+
     def depths(self) -> Tensor:
         """[B, N] depth of each node (1 = child of the root): one hop up the parents per tree level."""
         d = torch.ones_like(self.parents)

@@ -1,0 +1,147 @@
+"""Losslessness of speculative sampling over whole continuations, against the exact target distribution.
+
+A 4-token vocabulary target, continuations of L = k + 2 = 5 tokens (the bonus token after a fully accepted
+depth-3 chain lies inside the window), every one of the 4^5 sequences' exact probability enumerated from the
+target. Pearson chi-square over the sequences (cells expected below 5 pooled), against the chi-square quantile
+at p = 1e-6 (Wilson-Hilferty): a correct rule fails this test with probability below 1e-6 by construction.
+Each drafter that supplies q (draft model, EAGLE-3 chain and tree) and a point-mass one (n-gram) is tested,
+and for each a broken rule (recovering from p instead of the residual norm(max(p - q, 0))) must be caught.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import make_eagle_head, make_hf_model
+from spec_helpers import TableTreeDrafter
+from specbench.core.sampling import SamplingParams, target_probs
+from specbench.drafters.draft_model import DraftModelDrafter
+from specbench.drafters.eagle import EagleDrafter
+from specbench.drafters.ngram import NgramDrafter
+from specbench.engine.loop import Engine, StopCriteria
+from specbench.engine.request import Request
+from specbench.models.loading import load_model
+
+CPU = torch.device("cpu")
+V, K, L = 4, 3, 5  # vocabulary, draft depth, continuation length (= K + 2)
+PROMPT = [3, 1, 0, 2, 1, 3, 1]
+RUNS, BATCH = 120, 256  # 30,720 sampled continuations per case
+Z_1E6 = 4.753  # standard normal quantile for a one-sided p of 1e-6
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    t, d, h = (tmp_path_factory.mktemp(n) for n in ("v4t", "v4d", "v4h"))
+    make_hf_model(t, vocab=V, seed=3, layers=1, hidden=32, heads=2, kv_heads=1, scale=1.5)
+    make_hf_model(d, vocab=V, seed=11, layers=1, hidden=32, heads=2, kv_heads=1, scale=1.5)
+    make_eagle_head(h, json.loads((t / "config.json").read_text()), version=3, aux_ids=[0, 1, 1], seed=4,
+                    scale=0.5, fmt="specforge")
+    return load_model(str(t), torch.float32, CPU), load_model(str(d), torch.float32, CPU), str(h)
+
+
+def exact_distribution(lm, params: SamplingParams) -> torch.Tensor:
+    """[V^L] probability of every continuation (lexicographic order), from one batched forward."""
+    prefixes = torch.tensor(list(itertools.product(range(V), repeat=L - 1)))  # [V^(L-1), L-1]
+    inp = torch.cat([torch.tensor(PROMPT).expand(len(prefixes), -1), prefixes], 1)
+    with torch.inference_mode():
+        probs = target_probs(lm.model(inp, None).logits[:, len(PROMPT) - 1:], params)  # [V^(L-1), L, V]
+    seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))  # [V^L, L]
+    row = (seqs[:, : L - 1] * torch.tensor([V ** (L - 2 - i) for i in range(L - 1)])).sum(1)
+    p = torch.ones(len(seqs), dtype=torch.float64)
+    for t in range(L):
+        p *= probs[row, t, seqs[:, t]].double()
+    return p
+
+
+def sampled_counts(lm, make_drafter, params: SamplingParams) -> torch.Tensor:
+    counts = torch.zeros(V ** L, dtype=torch.float64)
+    weights = torch.tensor([V ** (L - 1 - i) for i in range(L)])
+    for seed in range(RUNS):
+        reqs = [Request(id=str(i), prompt="", prompt_ids=list(PROMPT)) for i in range(BATCH)]
+        e = Engine(lm.model, lm.tokenizer, batch_size=BATCH, stop=StopCriteria(frozenset(), L), params=params,
+                   seed=seed, progress=False, drafter=make_drafter(), k=K)
+        outs = torch.tensor([r.output_ids for r in e.run(reqs)])
+        counts += torch.bincount((outs * weights).sum(1), minlength=V ** L).double()
+    return counts
+
+
+def chi2(counts: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:
+    """(Pearson statistic, critical value at p = 1e-6), cells expected below 5 pooled into one."""
+    n = counts.sum()
+    e = p * n
+    assert counts[p == 0].sum() == 0, "a continuation outside the target's support was emitted"
+    counts, e = counts[p > 0], e[p > 0]
+    big = e >= 5
+    stat = float((((counts[big] - e[big]) ** 2) / e[big]).sum())
+    dof = int(big.sum()) - 1
+    if (~big).any():
+        es, cs = float(e[~big].sum()), float(counts[~big].sum())
+        stat += (cs - es) ** 2 / es
+        dof += 1
+    a = 2.0 / (9 * dof)
+    return stat, dof * (1 - a + Z_1E6 * math.sqrt(a)) ** 3
+
+
+def _cases(models):
+    target, draft, head = models
+    return {
+        "draft_model_chain": lambda: DraftModelDrafter(model=draft.model),
+        "eagle3_chain": lambda: EagleDrafter(path=head),
+        "eagle3_tree": lambda: EagleDrafter(path=head, tree={"topk": 2, "num_draft_tokens": 5}),
+        "ngram_point_mass": lambda: NgramDrafter(min_n=1, max_n=2),
+        "table_tree": lambda: TableTreeDrafter(V, width=2, seed=5, sharpness=1.5),
+    }
+
+
+def _broken_verify(tree, logits, params, gen, rule="auto", draws=None, **kw):
+    """Accepts like the real rule, but after a rejection recovers from p instead of norm(max(p - q, 0))."""
+    import specbench.verify as vf
+
+    probs = vf.target_probs(logits, params)
+
+    def accept(p, q, x, u):
+        px = p.gather(1, x[:, None])[:, 0]
+        qx = q.gather(1, x[:, None])[:, 0] if q is not None else torch.ones_like(px)
+        return u * qx < px
+
+    return vf._descend(tree, probs, accept, gen, lossless=False, draws=draws)
+
+
+CASES = ["draft_model_chain", "eagle3_chain", "eagle3_tree", "ngram_point_mass", "table_tree"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_whole_continuations_are_lossless(models, case):
+    target = models[0]
+    params = SamplingParams(temperature=0.9)
+    stat, crit = chi2(sampled_counts(target, _cases(models)[case], params), exact_distribution(target, params))
+    print(f"{case}: chi2 {stat:.0f} < {crit:.0f}")
+    assert stat < crit, (case, stat, crit)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
+def test_broken_rule_is_caught(models, case, monkeypatch):
+    import specbench.engine.loop as loop
+
+    monkeypatch.setattr(loop, "verify", _broken_verify)
+    target = models[0]
+    params = SamplingParams(temperature=0.9)
+    stat, crit = chi2(sampled_counts(target, _cases(models)[case], params), exact_distribution(target, params))
+    print(f"{case} broken: chi2 {stat:.0f} > {crit:.0f}")
+    assert stat > crit, (case, stat, crit)
+
+
+def test_nucleus_chain_is_lossless(models):
+    """top-p: the draft model's chain under a 0.8 nucleus (fewer samples; the nucleus shrinks the support)."""
+    target, draft, _ = models
+    params = SamplingParams(temperature=0.9, top_p=0.8)
+    stat, crit = chi2(sampled_counts(target, lambda: DraftModelDrafter(model=draft.model), params),
+                      exact_distribution(target, params))
+    assert stat < crit, (stat, crit)
