@@ -20,7 +20,6 @@ from specbench.models.cache import KVCache
 from specbench.models.eagle import EagleConfig, load_eagle, resolve_aux_layers, save_eagle
 from specbench.models.loading import load_model
 from specbench.models.transformer import build_mask
-from test_spec import VOCAB, _chi2_critical, _chi2_stat
 
 CPU = torch.device("cpu")
 PROMPTS = [[5, 17, 99, 3, 250, 7, 8, 5, 17], [40, 41, 42], [300, 3, 9, 11, 12, 300, 3], [6, 7], [9],
@@ -295,54 +294,6 @@ def test_oracle_state_after_accepts(per_token):
     _, res = _run(lm, d, k=3, batch_size=2, max_new=16, cls=CheckingEngine)
     assert all(a == 3 for r in res for a in r.accepted_per_step[:-1]) and d.hidden_layers == (1,)
     assert CheckingEngine.checked > 4
-
-
-# --------------------------------------------------------------------------------------- lossless
-@pytest.fixture(scope="module")
-def small8(tmp_path_factory):
-    d = tmp_path_factory.mktemp("v8e")
-    make_hf_model(d, vocab=VOCAB, seed=3, layers=1, hidden=32, heads=2, kv_heads=1, scale=0.6)
-    h = tmp_path_factory.mktemp("v8h")
-    make_eagle_head(h, json.loads((d / "config.json").read_text()), draft_vocab=6, aux_ids=[0, 1, 1], fmt="specforge",
-                    scale=0.3, seed=7)
-    return load_model(str(d), torch.float32, CPU), h
-
-
-PROMPT3 = [3, 5, 1, 6]
-
-
-def _exact_three(lm, params):
-    """Exact joint distribution [V, V, V] of the first three sampled tokens after PROMPT3."""
-    from specbench.core.sampling import target_probs
-
-    m = lm.model
-    P = len(PROMPT3)
-    seqs = torch.tensor([PROMPT3 + [a, b] for a in range(VOCAB) for b in range(VOCAB)])
-    with torch.inference_mode():
-        lg = m(seqs, None).logits  # [V*V, P+2, V]
-    p1 = target_probs(lg[0, P - 1], params)
-    p2 = target_probs(lg[::VOCAB, P], params)  # [V(a), V(b)]
-    p3 = target_probs(lg[:, P + 1], params).view(VOCAB, VOCAB, VOCAB)
-    return p1[:, None, None] * p2[:, :, None] * p3
-
-
-@pytest.mark.parametrize("tree", [None, {"topk": 3, "num_draft_tokens": 7}], ids=["chain", "tree"])
-def test_sampling_is_lossless(small8, tree):
-    lm, head = small8
-    params = SamplingParams(temperature=0.9)
-    exact = _exact_three(lm, params)
-    counts = torch.zeros(VOCAB, VOCAB, VOCAB)
-    accepted = 0
-    for seed in range(40):
-        reqs = [Request(id=str(i), prompt="", prompt_ids=list(PROMPT3)) for i in range(64)]
-        _, res = _run(lm, EagleDrafter(path=str(head), tree=tree), k=3, batch_size=64, max_new=3, params=params,
-                      seed=seed, reqs=reqs)
-        for r in res:
-            counts[r.output_ids[0], r.output_ids[1], r.output_ids[2]] += 1
-            accepted += sum(r.accepted_per_step)
-    assert accepted > 200  # the drafts are accepted often enough for the test to see the rule at work
-    stat, dof = _chi2_stat(counts, exact)
-    assert stat < _chi2_critical(dof), (stat, dof)
 
 
 @torch.no_grad()

@@ -40,7 +40,7 @@ def models(tmp_path_factory):
     make_hf_model(t, vocab=V, seed=3, layers=1, hidden=32, heads=2, kv_heads=1, scale=1.5)
     make_hf_model(d, vocab=V, seed=11, layers=1, hidden=32, heads=2, kv_heads=1, scale=1.5)
     make_eagle_head(h, json.loads((t / "config.json").read_text()), version=3, aux_ids=[0, 1, 1], seed=4,
-                    scale=0.5, fmt="specforge")
+                    scale=0.5, fmt="specforge", draft_vocab=3)  # a reduced draft vocabulary: q lives on 3 of 4
     return load_model(str(t), torch.float32, CPU), load_model(str(d), torch.float32, CPU), str(h)
 
 
