@@ -38,7 +38,7 @@ import transformers
 
 from specbench.data.prompts import builtin_prompts, to_requests
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.request import Request
+from specbench.core.request import Request
 from specbench.core.sampling import SamplingParams
 from specbench.metrics.results import latency
 from specbench.models.loading import LoadedModel, load_model

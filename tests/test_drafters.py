@@ -13,7 +13,7 @@ from conftest import make_eagle_head
 from specbench.cli import group_options
 from specbench.core.types import DraftTree
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.request import Request
+from specbench.core.request import Request
 from specbench.core.sampling import SamplingParams
 from specbench.models.loading import load_model
 from test_cli import _compose

@@ -12,7 +12,7 @@ import torch
 from conftest import make_eagle_head, make_hf_model
 from specbench.drafters.eagle import EagleDrafter
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.request import Request
+from specbench.core.request import Request
 from specbench.core.sampling import SamplingParams
 from specbench.errors import UserError
 from specbench.models.attention import AttnMeta

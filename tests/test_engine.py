@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.request import Request
+from specbench.core.request import Request
 from specbench.core.sampling import SamplingParams, sample_from, target_probs
 from specbench.errors import UserError
 from specbench.models.loading import load_model

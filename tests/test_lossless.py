@@ -24,7 +24,7 @@ from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.eagle import EagleDrafter
 from specbench.drafters.ngram import NgramDrafter
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.request import Request
+from specbench.core.request import Request
 from specbench.models.loading import load_model
 
 CPU = torch.device("cpu")

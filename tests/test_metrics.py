@@ -7,7 +7,7 @@ import torch
 
 from spec_helpers import OracleTreeDrafter
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.request import Request, RequestResult
+from specbench.core.request import Request, RequestResult
 from specbench.core.sampling import SamplingParams
 from specbench.metrics.results import AcceptanceStats, build_results, latency
 from specbench.models.loading import load_model

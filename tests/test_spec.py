@@ -11,7 +11,7 @@ from spec_helpers import OracleTreeDrafter, TableTreeDrafter
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.ngram import NgramDrafter, lookup
 from specbench.engine.loop import Engine, StopCriteria
-from specbench.engine.request import Request
+from specbench.core.request import Request
 from specbench.core.sampling import SamplingParams
 from specbench.models.loading import load_model
 

@@ -171,7 +171,7 @@ def test_narrow_scratch_draft(tiny, data_file, tmp_path):
     """init=scratch with a smaller width trains, exports and drafts for the target (shares the tokenizer)."""
     from specbench.drafters.draft_model import DraftModelDrafter
     from specbench.engine.loop import Engine, StopCriteria
-    from specbench.engine.request import Request
+    from specbench.core.request import Request
     from specbench.core.sampling import SamplingParams
 
     method = _method(tiny, init="scratch", num_layers=1,

@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 
 from specbench.data.files import read_records
-from specbench.engine.request import Request
+from specbench.core.request import Request
 from specbench.errors import UserError
 
 

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
 from specbench.drafters.base import Drafter
-from specbench.engine.request import Request, RequestResult
+from specbench.core.request import Request, RequestResult
 from specbench.core.sampling import RowGenerators, SamplingParams, request_seed, select
 from specbench.errors import UserError
 from specbench.models.transformer import Transformer

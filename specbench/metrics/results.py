@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specbench.engine.request import RequestResult
+from specbench.core.request import RequestResult
 
 SCHEMA = "specbench.results/v1"
 
