@@ -39,6 +39,16 @@ def choose_backend(name: str, device: torch.device) -> str:
     return "flash" if usable and name != "sdpa" else "sdpa"
 
 
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, cache, layer: int, slots: tuple[Tensor, Tensor],
+                     meta: AttnMeta) -> Tensor:
+    """q [B, T, H, D], k / v [B, T, Hkv, D] (RoPE applied): store k / v at `slots` of `cache` layer `layer`,
+    attend over the cache -> [B, T, H * D] (the output projection's input). Shared by the target and the heads."""
+    cache.write(layer, k, v, slots)
+    B, T = q.shape[:2]
+    y = attend(q.transpose(1, 2), cache.k_layers[layer], cache.v_layers[layer], meta)
+    return y.transpose(1, 2).reshape(B, T, -1)
+
+
 def attend(q: Tensor, k_cache: Tensor, v_cache: Tensor, meta: AttnMeta) -> Tensor:
     """q [B, H, T, D], k/v cache [B, Hkv, S, D] (already holding the new tokens) -> [B, H, T, D]."""
     if meta.flash_lens is not None:

@@ -22,16 +22,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from specbench.errors import UserError
 from specbench.log import log
-from specbench.models.attention import AttnMeta, attend
+from specbench.models.attention import AttnMeta, cached_attention
 from specbench.models.cache import KVCache
 from specbench.models.config import ModelConfig
 from specbench.models.cpu_kernels import Linear
-from specbench.models.transformer import RMSNorm, apply_rope, rope_inv_freq
+from specbench.models.transformer import RMSNorm, Rotary, apply_rope, rope_inv_freq, swiglu
 
 
 @dataclass
@@ -142,9 +141,8 @@ class EagleAttention(nn.Module):
         B, T, _ = x.shape
         q = apply_rope(self.q_proj(x).view(B, T, self.n_heads, self.head_dim), cos, sin)
         k = apply_rope(self.k_proj(x).view(B, T, self.n_kv, self.head_dim), cos, sin)
-        cache.write(0, k, self.v_proj(x).view(B, T, self.n_kv, self.head_dim), slots)
-        y = attend(q.transpose(1, 2), cache.k_layers[0], cache.v_layers[0], meta)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim)
+        return self.o_proj(cached_attention(q, k, v, cache, 0, slots, meta))
 
 
 class EagleMLP(nn.Module):
@@ -155,7 +153,7 @@ class EagleMLP(nn.Module):
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
 
 
 class EagleLayer(nn.Module):
@@ -211,8 +209,7 @@ class EagleDraft(nn.Module):
             self.layers = nn.ModuleList([EagleLayer(cfg)])
         self.embed = embed  # the target's (or the checkpoint's own) token embedding; not a parameter here
         self.target_head = target_head  # EAGLE-1: logits come from the target's lm_head
-        self.register_buffer("inv_freq", rope_inv_freq(cfg.layer_config), persistent=False)
-        self.rope_len = 0
+        self.rotary = Rotary(rope_inv_freq(cfg.layer_config))
 
     # the embedding / target head belong to the target: keep them out of state_dict and parameters()
     def __setattr__(self, name, value):
@@ -233,16 +230,8 @@ class EagleDraft(nn.Module):
         return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
     def ensure_rope(self, n: int) -> None:
-        """Grow the RoPE tables (fp32 angles, cast once) to cover positions < n; a host int, no sync."""
-        if n <= self.rope_len:
-            return
-        n = max(n, 2 * self.rope_len, 256)
-        freqs = torch.arange(n, device=self.inv_freq.device, dtype=torch.float32)[:, None] * self.inv_freq.float()[None]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        half = emb.shape[-1] // 2
-        sign = torch.cat((-torch.ones(half), torch.ones(half))).to(emb.device)
-        dt = self.fc.weight.dtype
-        self.cos_table, self.sin_table, self.rope_len = emb.cos().to(dt), (emb.sin() * sign).to(dt), n
+        """Grow the RoPE tables to cover positions < n; a host int, no sync."""
+        self.rotary.ensure(n, self.fc.weight.dtype)
 
     def step(self, tokens: Tensor, hidden: Tensor, positions: Tensor, cache: KVCache, slots: tuple[Tensor, Tensor],
              meta: AttnMeta, from_target: bool) -> Tensor:
@@ -250,8 +239,7 @@ class EagleDraft(nn.Module):
 
         Pair t feeds hidden t (which saw tokens up to position p) with the token at p+1; o predicts p+2."""
         emb, h = self.inputs(tokens, hidden, from_target)
-        cos = self.cos_table[positions][:, :, None, :]  # [B, T, 1, D]; tables sized by ensure_rope
-        sin = self.sin_table[positions][:, :, None, :]
+        cos, sin = self.rotary.at(positions)  # [B, T, 1, D]; tables sized by ensure_rope
         return self.layer(emb, h, cos, sin, cache, slots, meta)
 
     def inputs(self, tokens: Tensor, hidden: Tensor, from_target: bool) -> tuple[Tensor, Tensor]:
@@ -377,8 +365,7 @@ def load_eagle(path: str | Path, target) -> EagleDraft:
             raise UserError(f"EAGLE head {src}: d2t maps draft ids outside 0..{cfg.vocab_size - 1} or not increasing")
     typed = {k: (v.to(dev) if k in ("d2t", "t2d") else v.to(dev, dtype)) for k, v in sd.items()}
     model.load_state_dict(typed, strict=True, assign=True)
-    model.inv_freq = rope_inv_freq(cfg.layer_config).to(dev)
-    model.rope_len = 0
+    model.rotary.reset(rope_inv_freq(cfg.layer_config).to(dev))
     model.source = src
     return model.eval().requires_grad_(False)
 

@@ -166,9 +166,7 @@ def build_model(cfg: ModelConfig, weights: dict[str, Tensor], dtype: torch.dtype
     model.load_state_dict(sd, strict=False, assign=True)
     if cfg.tie_word_embeddings:
         model.output.weight = model.tok_embeddings.weight
-    model.inv_freq = rope_inv_freq(cfg).to(device)
-    model.cos_table = torch.empty(0, device=device)
-    model.sin_table = torch.empty(0, device=device)
+    model.rotary.reset(rope_inv_freq(cfg).to(device))
     model.attention = choose_backend(attention, device)
     return model.eval().requires_grad_(False)
 

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from specbench.models.attention import AttnMeta, attend
+from specbench.models.attention import AttnMeta, cached_attention
 from specbench.models.cache import KVCache
 from specbench.models.config import ModelConfig
 from specbench.models.cpu_kernels import Linear
@@ -64,6 +64,41 @@ def rope_inv_freq(cfg: ModelConfig) -> Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+class Rotary(nn.Module):
+    """RoPE tables shared by the target and the draft heads: cos and sign-folded sin [n, D] for positions < n,
+    fp32 angles (an outer product, bitwise equal to HF's matmul form) cast to the compute dtype once, grown on
+    demand from a host int (no device sync). `at(pos [B, T])` -> (cos, sin) [B, T, 1, D] for `apply_rope`."""
+
+    def __init__(self, inv_freq: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos_table", torch.empty(0), persistent=False)
+        self.register_buffer("sin_table", torch.empty(0), persistent=False)
+        self.length = 0
+
+    def reset(self, inv_freq: Tensor) -> None:
+        self.inv_freq, self.length = inv_freq, 0
+        self.cos_table = self.sin_table = torch.empty(0, device=inv_freq.device)
+
+    def ensure(self, n: int, dtype: torch.dtype) -> None:
+        if n <= self.length and self.cos_table.dtype == dtype:
+            return
+        n = max(n, 2 * self.length)  # grow geometrically: a decode run asks for one more position at a time
+        freqs = torch.arange(n, device=self.inv_freq.device, dtype=torch.float32)[:, None] * self.inv_freq.float()[None]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]
+        half = emb.shape[-1] // 2
+        sign = torch.cat((-torch.ones(half), torch.ones(half))).to(emb.device)
+        self.cos_table, self.sin_table = emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
+        self.length = n
+
+    def at(self, pos: Tensor) -> tuple[Tensor, Tensor]:
+        return self.cos_table[pos][..., None, :], self.sin_table[pos][..., None, :]
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    return F.silu(gate) * up
+
+
 def apply_rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     """x * cos + rotate_half(x) * sin, with rotate_half folded into a roll and a sign on sin.
 
@@ -95,10 +130,8 @@ class Attention(nn.Module):
         if cache is None:  # training / scoring whole sequences: plain causal attention, no cache
             y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                is_causal=True, enable_gqa=self.n_kv != self.n_heads)
-        else:
-            cache.write(layer, k, v, slots)
-            y = attend(q.transpose(1, 2), cache.k_layers[layer], cache.v_layers[layer], meta)
-        return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+            return self.wo(y.transpose(1, 2).reshape(B, T, -1))
+        return self.wo(cached_attention(q, k, v, cache, layer, slots, meta))
 
 
 class MLP(nn.Module):
@@ -109,7 +142,7 @@ class MLP(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.w_gate_up(x).chunk(2, dim=-1)
-        return self.w_down(F.silu(gate) * up)
+        return self.w_down(swiglu(gate, up))
 
 
 class Block(nn.Module):
@@ -154,11 +187,8 @@ class Transformer(nn.Module):
         self.output = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        self.rope_len = 0
         self.attention = "sdpa"  # set by the loader via attention.choose_backend
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        self.register_buffer("cos_table", torch.empty(0), persistent=False)
-        self.register_buffer("sin_table", torch.empty(0), persistent=False)
+        self.rotary = Rotary(rope_inv_freq(cfg))
 
     @property
     def dtype(self) -> torch.dtype:
@@ -170,18 +200,8 @@ class Transformer(nn.Module):
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         c = self.config
-        self._ensure_rope(max_len)
+        self.rotary.ensure(max_len, self.dtype)
         return KVCache(c.num_layers, batch_size, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
-
-    def _ensure_rope(self, n: int) -> None:
-        if n <= self.rope_len:
-            return
-        # fp32 angles (an outer product, bitwise equal to HF's matmul form), cast to the compute dtype once
-        freqs = torch.arange(n, device=self.device, dtype=torch.float32)[:, None] * self.inv_freq.float()[None]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [n, D]
-        sign = torch.cat((-torch.ones(emb.shape[-1] // 2), torch.ones(emb.shape[-1] // 2))).to(self.device)
-        self.cos_table, self.sin_table = emb.cos().to(self.dtype), (emb.sin() * sign).to(self.dtype)
-        self.rope_len = n
 
     def forward(
         self,
@@ -204,22 +224,21 @@ class Transformer(nn.Module):
         B, T = input_ids.shape
         if cache is None:
             pos = torch.arange(T, device=input_ids.device).expand(B, T) if positions is None else positions
-            self._ensure_rope(T)
+            self.rotary.ensure(T, self.dtype)
             write_at, meta = None, None
         else:
             kv_len = cache.max_len if kv_len is None else kv_len
             arange_t = torch.arange(T, device=input_ids.device)
             slots = cache.seq_lens[:, None] + arange_t  # [B, T]
             pos = slots if positions is None else positions
-            self._ensure_rope(int(kv_len))
+            self.rotary.ensure(int(kv_len), self.dtype)
             if self.attention == "flash" and tree_mask is None:
                 meta = AttnMeta(kv_len, None, (cache.seq_lens + T).to(torch.int32))
             else:
                 meta = AttnMeta(kv_len, build_mask(cache.seq_lens, T, kv_len, tree_mask))
             rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, T)
             write_at = (rows, slots)  # cache.write's advanced index, built once for all layers
-        cos = self.cos_table[pos][:, :, None, :]  # [B, T, 1, D]
-        sin = self.sin_table[pos][:, :, None, :]  # sin with rotate_half's sign folded in
+        cos, sin = self.rotary.at(pos)  # [B, T, 1, D]; sin with rotate_half's sign folded in
         x = self.tok_embeddings(input_ids)
         hidden: list[Tensor] = []
         capture = set(hidden_layers)

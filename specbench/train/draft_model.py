@@ -63,7 +63,7 @@ def student_from_target(target: Transformer, layers: list[int] | None, num_layer
         student.load_state_dict(own, strict=False)
     if cfg.tie_word_embeddings:
         student.output.weight = student.tok_embeddings.weight
-    student.inv_freq = rope_inv_freq(cfg)
+    student.rotary.reset(rope_inv_freq(cfg))
     return student.float()
 
 

@@ -173,7 +173,7 @@ class Eagle3Method:
             emb = head.embed(F.pad(ids[:, s:], (0, s))).to(dt)  # token x_{i+1+j} at index i
             x, residual = layer.attn_input(emb, h)
             pos = torch.arange(T, device=ids.device) + j
-            cos, sin = head.cos_table[pos][None, :, None, :], head.sin_table[pos][None, :, None, :]
+            cos, sin = head.rotary.at(pos[None])
             q = apply_rope(attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim), cos, sin)
             ks.append(apply_rope(attn.k_proj(x).view(B, T, attn.n_kv, attn.head_dim), cos, sin))
             vs.append(attn.v_proj(x).view(B, T, attn.n_kv, attn.head_dim))
