@@ -17,7 +17,7 @@ import torch
 
 from specbench.models import cpu_kernels
 from specbench.models.loading import load_model
-from specbench.core.hw import cpu_has_fast_bf16
+from specbench.core.hw import cpu_has_fast_bf16, cpu_summary
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -28,9 +28,11 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,4,8,16,24")
     ap.add_argument("--context", type=int, default=200, help="cached tokens before the step")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--tag", default="", help="suffix of the result files (e.g. the CPU kind): bench_kernels_<tag>")
     args = ap.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
-    rows, doc = [], {"cpu_native_bf16": cpu_has_fast_bf16(), "threads": torch.get_num_threads(), "results": []}
+    rows, doc = [], {"cpu": cpu_summary(), "cpu_native_bf16": cpu_has_fast_bf16(), "threads": torch.get_num_threads(),
+                     "torch": torch.__version__, "results": []}
     for name in args.dtypes.split(","):
         dtype = getattr(torch, name)
         m = load_model(None, dtype, torch.device("cpu")).model
@@ -58,11 +60,15 @@ def main() -> None:
         for T in tokens:
             r = statistics.median(ms[("torch", T)]) / statistics.median(ms[("auto", T)])
             doc["results"].append({"dtype": name, "tokens": T, "torch_over_auto": r})
+    doc["linear_choices"] = cpu_kernels.describe()["choices"]
     OUT.mkdir(exist_ok=True)
-    (OUT / "bench_kernels.json").write_text(json.dumps(doc, indent=2))
+    stem = "bench_kernels" + (f"_{args.tag}" if args.tag else "")
+    (OUT / f"{stem}.json").write_text(json.dumps(doc, indent=2))
     lines = ["| dtype | linear | tokens | ms / forward | vs 1 token |", "|---|---|---:|---:|---:|"]
     lines += [f"| {d} | {m} | {t} | {x:.1f} | {r:.2f} |" for d, m, t, x, r in rows]
-    (OUT / "bench_kernels.md").write_text("\n".join(lines) + "\n")
+    head = [f"CPU: {doc['cpu']['model']} ({', '.join(doc['cpu']['flags'])}), {doc['threads']} threads, "
+            f"torch {doc['torch']}", ""]
+    (OUT / f"{stem}.md").write_text("\n".join(head + lines) + "\n")
     print("\n".join(lines))
 
 

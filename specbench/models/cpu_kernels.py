@@ -2,14 +2,17 @@
 
 Candidates for `linear(x, W)` with M = rows of x:
 - `torch`: F.linear (x @ W^T).
-- `wxt`: (W @ x^T)^T. MKL then streams W instead of packing it per call; on an AVX2 machine this measured
-  1.5-2.5x faster for fp32 at 2-16 rows, on an AVX512-BF16 machine slower: it depends on the CPU.
+- `wxt` (fp32): (W @ x^T)^T. MKL then streams W instead of packing it per call: measured 1.5-2.5x faster at
+  2-16 rows on an AVX2 machine; how much, and for which shapes, depends on the CPU. (For bf16 it was measured
+  in-model slower than oneDNN's native path on an AVX512-BF16 CPU at 16-24 rows although a micro-benchmark
+  preferred it, so it is not a bf16 candidate.)
 - `avx2` (bf16 only, CPUs without native bf16 dot products): `csrc/linear_bf16.cpp` (AVX2 + FMA), where
   PyTorch's bf16 matmul cost grows linearly with the token count. Compiled on first use into the cache dir
   (~1 minute, needs a C++ compiler and ninja); a candidate only where it builds.
 
 `model.linear=auto` measures the candidates once per (dtype, K x N weight shape, M bucket) at first use
-(interleaved rounds, median; a candidate replaces `torch` only when it is at least 5% faster) and caches the
+(interleaved rounds over weight copies that do not fit the caches, as a real step streams its weights; median;
+a candidate replaces `torch` only when it is at least 5% faster) and caches the
 choice on disk per CPU model, torch version and thread count, so a machine measures once. Weights under
 64K elements always use F.linear (call overhead dominates there). `describe()` lists the choices made, for
 results.json. `model.linear=torch` (`set_mode("torch")`) turns all of it off.
@@ -103,23 +106,25 @@ def _run(name: str, x: Tensor, w: Tensor) -> Tensor:
 
 
 def _measure(dtype: torch.dtype, K: int, N: int, M: int) -> str:
-    """Time every candidate on random [M, K] x [N, K]^T in interleaved rounds; the fastest by median."""
-    names = ["torch", "wxt"]
-    if dtype == torch.bfloat16 and K % 8 == 0 and bf16_kernel() is not None:
-        names.append("avx2")
+    """Time every candidate on random [M, K] x [N, K]^T in interleaved rounds; the fastest by median.
+
+    A decode step streams its weights from memory (a model is larger than the caches), so the timing cycles
+    through enough weight copies (~64 MB) that each call reads its weight from DRAM too, not from L2/L3."""
+    names = ["torch", "wxt" if dtype == torch.float32 else "avx2"]
+    if names[1] == "avx2" and (K % 8 or bf16_kernel() is None):
+        return "torch"
     g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(M, K, generator=g).to(dtype), torch.randn(N, K, generator=g).to(dtype)
+    x = torch.randn(M, K, generator=g).to(dtype)
+    copies = max(2, min(64, (64 << 20) // (K * N * x.element_size())))
+    ws = [torch.randn(N, K, generator=g).to(dtype) for _ in range(copies)]
     with torch.no_grad():
         for n in names:  # warm-up (first-call allocations, kernel packing)
-            _run(n, x, w)
-        t0 = time.perf_counter()
-        _run("torch", x, w)
-        reps = max(1, min(50, int(2e-3 / max(time.perf_counter() - t0, 1e-6))))  # ~2 ms per timing
+            _run(n, x, ws[0])
         times: dict[str, list[float]] = {n: [] for n in names}
-        for _ in range(7):
+        for _ in range(5):
             for n in names:
                 t0 = time.perf_counter()
-                for _ in range(reps):
+                for w in ws:
                     _run(n, x, w)
                 times[n].append(time.perf_counter() - t0)
     med = {n: statistics.median(t) for n, t in times.items()}
