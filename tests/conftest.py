@@ -174,3 +174,59 @@ def make_eagle_head(folder: Path, target_cfg: dict, *, version: int = 3, draft_v
     else:
         save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
     return sd
+
+
+def make_medusa_head(folder: Path, target_cfg: dict, *, layout: str = "vllm", heads: int = 3, layers: int = 1,
+                     lm_head: str = "own", bias: bool = True, config_heads: int | None = None,
+                     token_map: list[int] | None = None, seed: int = 0, scale: float = 0.3,
+                     fmt: str = "safetensors") -> dict:
+    """Save random Medusa heads for a target (its HF config dict) in a public layout; returns the raw tensors
+    in FasterDecoding's names ({h}.{l}.linear.*, {h}.{L}.weight) whatever the layout, for reference maths.
+
+    lm_head: `own` (one per head), `shared` (vLLM original_lm_head: one stored head), `target` (no lm_head
+    tensors: FasterDecoding's version 2 / the base model's head). config_heads: the head count the config
+    claims (FasterDecoding's published file says 2 and holds 5). token_map: vLLM's reduced head vocabulary."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    H, V = target_cfg["hidden_size"], target_cfg["vocab_size"]
+    rows = len(token_map) if token_map else V
+    ref: dict[str, torch.Tensor] = {}
+    shared = torch.randn(rows, H, generator=g) * scale * 3
+    for h in range(heads):
+        for l in range(layers):
+            ref[f"{h}.{l}.linear.weight"] = torch.randn(H, H, generator=g) * scale / H ** 0.5
+            if bias:
+                ref[f"{h}.{l}.linear.bias"] = torch.randn(H, generator=g) * scale
+        if lm_head == "own":
+            ref[f"{h}.{layers}.weight"] = torch.randn(rows, H, generator=g) * scale * 3
+        elif lm_head == "shared":
+            ref[f"{h}.{layers}.weight"] = shared
+    folder.mkdir(parents=True, exist_ok=True)
+    if layout == "faster_decoding":
+        cfg = {"base_model_name_or_path": "tiny", "medusa_num_heads": config_heads or heads,
+               "medusa_num_layers": layers}
+        (folder / "config.json").write_text(json.dumps(cfg))
+        if fmt == "pt":
+            torch.save(ref, folder / "medusa_lm_head.pt")
+        else:
+            save_file({k: v.contiguous() for k, v in ref.items()}, str(folder / "medusa_lm_head.safetensors"))
+        return ref
+    sd = {}
+    for h in range(heads):
+        for l in range(layers):
+            sd[f"blocks.{h}.layers.{l}.weight"] = ref[f"{h}.{l}.linear.weight"]
+            if bias:
+                sd[f"blocks.{h}.layers.{l}.bias"] = ref[f"{h}.{l}.linear.bias"]
+        if lm_head == "own":
+            sd[f"lm_heads.{h}.weight"] = ref[f"{h}.{layers}.weight"]
+    if lm_head == "shared":
+        sd["lm_heads.0.weight"] = shared
+    if token_map:
+        sd["token_map"] = torch.tensor(token_map)
+    cfg = {"model_type": "medusa", "hidden_size": H, "vocab_size": V, "num_heads": config_heads or heads,
+           "num_hidden_layers": layers, "truncated_vocab_size": rows, "medusa_fc_bias": bias,
+           "original_lm_head": lm_head == "shared"}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
+    return ref

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from conftest import make_eagle_head
+from conftest import make_eagle_head, make_medusa_head
 from specbench.cli import group_options
 from specbench.core.types import DraftTree
 from specbench.engine.loop import Engine, StopCriteria
@@ -33,6 +33,10 @@ def _drafter(method: str, tiny_dir, tmp_path):
         make_eagle_head(tmp_path / method, tcfg, version=1 if method == "eagle" else 3, draft_vocab=300,
                         aux_ids=[0, 1, 2], fmt="specforge")
         extra = [f"method.drafter.path={tmp_path / method}"]
+    elif method == "medusa":
+        tcfg = json.loads((tiny_dir / "config.json").read_text())
+        make_medusa_head(tmp_path / method, tcfg, heads=3, layout="vllm", lm_head="own")
+        extra = [f"method.drafter.path={tmp_path / method}", "method.tree=cpu_12"]
     cfg = _compose([f"method={method}", *extra])
     return instantiate(cfg.method.drafter)
 
