@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.errors import UserError
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "train"
-METHODS = ("draft_model", "eagle3")
+METHODS = ("draft_model", "eagle3", "medusa")
 
 
 def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
@@ -86,6 +86,25 @@ def build_eagle3(cfg: DictConfig, lm, items, prompts):
     return method
 
 
+def build_medusa(cfg: DictConfig, lm, items, prompts):
+    from specbench.train.medusa import MedusaMethod
+
+    m = cfg.method
+    method = MedusaMethod(lm.model, lm.tokenizer, items, num_heads=int(m.num_heads), num_layers=int(m.num_layers),
+                          head_vocab_size=int(m.head_vocab_size), decay=float(m.decay), eval_prompts=prompts,
+                          eval_k=int(m.eval_k), eval_tree=m.get("eval_tree"),
+                          eval_max_new_tokens=int(m.eval_max_new_tokens))
+    if cfg.data.teacher in ("cached", "states"):  # the final-normed states of the shared target-state cache
+        from specbench.models.eagle import default_aux_layers
+        from specbench.models.loading import cache_root
+        from specbench.train.features import TargetStates
+
+        layers = tuple(default_aux_layers(lm.model.config.num_layers))
+        method.states = TargetStates(lm.model, items, layers, cache_root(cfg.cache_dir), target_id=lm.path,
+                                     progress=bool(cfg.progress))
+    return method
+
+
 def train(cfg: DictConfig) -> dict:
     import torch
 
@@ -116,10 +135,8 @@ def train(cfg: DictConfig) -> dict:
     if cfg.data.teacher not in ("online", "cached", "states"):
         raise UserError(f"data.teacher={cfg.data.teacher!r}; valid: online, cached, states")
     prompts = [Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(held)]
-    if m.name == "eagle3":
-        method = build_eagle3(cfg, lm, items, prompts)
-    else:
-        method = build_draft_model(cfg, lm, items, prompts)
+    build = {"eagle3": build_eagle3, "medusa": build_medusa, "draft_model": build_draft_model}[m.name]
+    method = build(cfg, lm, items, prompts)
     settings = TrainSettings(**OmegaConf.to_container(cfg.train, resolve=True))
     history_log = out / "train_log.jsonl"
 
