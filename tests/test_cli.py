@@ -69,7 +69,7 @@ def test_run_writes_results_contract(tmp_path, tiny_dir):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["method=nosuch"], "method='nosuch' is not a known method; valid: draft_model, eagle, eagle3, ngram, none"),
+        (["method=nosuch"], "method='nosuch' is not a known method; valid: draft_model, eagle, eagle3, medusa, ngram, none"),
         (["model.path=/no/such/model"], "model path '/no/such/model' does not exist"),
         (["batch_size=0"], "batch_size=0"),
         (["batch_size=abc"], None),  # Hydra's own type check: still exit 2
@@ -203,6 +203,8 @@ def test_speculative_run_with_baseline(tmp_path, tiny_dir, method, monkeypatch):
         (["method=draft_model"], "vocab_size 49152 != target's 384"),  # the shipped SmolLM2 draft, another target
         (["method=eagle"], "method=eagle (EAGLE-1) needs method.drafter.path"),
         (["method=eagle3", "method.tree.topk=0"], "method.tree.topk=0: must be >= 1"),
+        (["method=medusa", "method.drafter.path=/nonexistent/head"], "Medusa head '/nonexistent/head' does not exist"),
+        (["method=medusa", "method.tree=huge"], "method.tree='huge'; valid presets"),
         (["method=eagle3", "method.drafter.path=/nonexistent/head"], "EAGLE head '/nonexistent/head' does not exist"),
         (["method=ngram", "acceptance=bogus"], "acceptance='bogus'; valid: auto, greedy, sampling, typical"),
         (["method=ngram", "acceptance=typical"], "acceptance=typical needs temperature > 0"),

@@ -31,17 +31,22 @@ def _prompts(source: str):
     return load_prompts("jsonl", str(MT_BENCH), per_category=1)[:4]
 
 
-def measure(lm, method: str, source: str, k: int = 3, max_new: int = 96) -> dict:
+SHAPES = {"eagle3": (3, None), "draft_model": (4, None), "medusa": (4, "cpu_12")}  # (k, tree) recorded per method
+
+
+def measure(lm, method: str, source: str, k: int = 3, max_new: int = 96, tree=None) -> dict:
     from specbench.data.prompts import to_requests
     from specbench.drafters.draft_model import DraftModelDrafter
     from specbench.drafters.eagle import EagleDrafter
+    from specbench.drafters.medusa import MedusaDrafter
     from specbench.engine.loop import Engine, StopCriteria
     from specbench.core.sampling import SamplingParams
     from specbench.metrics.results import AcceptanceStats
 
     tok = lm.tokenizer
     reqs = to_requests(_prompts(source), tok)
-    drafter = {"eagle3": lambda: EagleDrafter(), "draft_model": lambda: DraftModelDrafter()}[method]()
+    drafter = {"eagle3": lambda: EagleDrafter(), "draft_model": lambda: DraftModelDrafter(),
+               "medusa": lambda: MedusaDrafter(tree=tree)}[method]()
 
     def run(d):
         e = Engine(lm.model, tok, batch_size=2, stop=StopCriteria(frozenset({tok.eos_token_id}), max_new),
@@ -50,7 +55,7 @@ def measure(lm, method: str, source: str, k: int = 3, max_new: int = 96) -> dict
 
     res, ref = run(drafter), run(None)
     acc = AcceptanceStats.from_results(res, k).summary()
-    return {"method": method, "prompts": source, "k": k, "max_new_tokens": max_new, "dtype": "float32",
+    return {"method": method, "prompts": source, "k": k, "tree": tree, "max_new_tokens": max_new, "dtype": "float32",
             "mean_acceptance_length": acc["mean_acceptance_length"], "per_position": acc["per_position"],
             "num_drafts": acc["num_drafts"],
             "identical_to_target_only": [r.output_ids for r in res] == [r.output_ids for r in ref]}
@@ -66,7 +71,7 @@ def test_acceptance_guard(embedded, path):
     want = json.loads(path.read_text())
     if want["prompts"] == "mt_bench" and not MT_BENCH.is_file():
         pytest.skip(f"{MT_BENCH} is not here (set SPECBENCH_DATA); the builtin-prompt guard still runs")
-    got = measure(embedded, want["method"], want["prompts"], want["k"], want["max_new_tokens"])
+    got = measure(embedded, want["method"], want["prompts"], want["k"], want["max_new_tokens"], want.get("tree"))
     assert got["identical_to_target_only"], "greedy speculative output differs from target-only (float32)"
     floor = (1 - TOLERANCE) * want["mean_acceptance_length"]
     assert got["mean_acceptance_length"] >= floor, (got["mean_acceptance_length"], want["mean_acceptance_length"])
@@ -77,7 +82,7 @@ def test_acceptance_guard(embedded, path):
 
 def test_guards_cover_the_shipped_drafters():
     names = {(json.loads(p.read_text())["method"], json.loads(p.read_text())["prompts"]) for p in _cases()}
-    assert {(m, s) for m in ("eagle3", "draft_model") for s in ("builtin", "mt_bench")} <= names
+    assert {(m, s) for m in SHAPES for s in ("builtin", "mt_bench")} <= names
 
 
 if __name__ == "__main__" and "--record" in sys.argv:
@@ -85,9 +90,9 @@ if __name__ == "__main__" and "--record" in sys.argv:
 
     lm = load_model(None, torch.float32, torch.device("cpu"))
     GUARDS.mkdir(exist_ok=True)
-    methods = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--method=")] or ["eagle3", "draft_model"]
+    methods = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--method=")] or list(SHAPES)
     for method in methods:
         for source in ("builtin", "mt_bench"):
-            doc = measure(lm, method, source, k={"eagle3": 3, "draft_model": 4}[method])
+            doc = measure(lm, method, source, *SHAPES[method][:1], tree=SHAPES[method][1])
             (GUARDS / f"{method}_{source}.json").write_text(json.dumps(doc, indent=2) + "\n")
             print(json.dumps(doc))

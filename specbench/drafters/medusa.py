@@ -36,7 +36,8 @@ MC_SIM_7B_63 = [[0], [0, 0], [1], [0, 1], [2], [0, 0, 0], [1, 0], [0, 2], [3], [
 # sized for a 2-core CPU, where a verify's cost grows with its nodes: 12 nodes, depth 4
 CPU_12 = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 0, 0, 0],
           [0, 0, 0, 1]]
-PRESETS = {"mc_sim_7b_63": MC_SIM_7B_63, "cpu_12": CPU_12}
+CPU_6 = [[0], [1], [0, 0], [1, 0], [0, 0, 0], [0, 0, 0, 0]]  # 6 nodes: a chain plus one second-best branch
+PRESETS = {"mc_sim_7b_63": MC_SIM_7B_63, "cpu_12": CPU_12, "cpu_6": CPU_6}
 
 
 def tree_layout(choices: list, k: int) -> tuple[list[tuple[int, ...]], list[int]]:

@@ -30,8 +30,14 @@ class Row:
     @property
     def method(self) -> str:
         name = self.doc["config"].get("method", {}).get("name", "?")
-        tree = (self.doc["config"].get("drafter") or {}).get("tree")
-        return f"{name} tree {tree['topk']}x{tree['num_draft_tokens']}" if tree else name
+        drafter = self.doc["config"].get("drafter") or {}
+        tree = drafter.get("tree")
+        if isinstance(tree, dict):  # EAGLE-2 dynamic tree
+            return f"{name} tree {tree['topk']}x{tree['num_draft_tokens']}" if tree.get("topk") else name
+        if tree:  # a static tree: a preset name or a list of paths
+            shape = tree if isinstance(tree, str) else "custom"
+            return f"{name} tree {shape} ({drafter.get('tree_nodes', len(tree))} nodes)"
+        return name
 
     @property
     def k(self) -> int:
