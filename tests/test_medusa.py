@@ -197,3 +197,18 @@ def test_k_above_the_head_count_is_an_error(tiny, tcfg, tmp_path):
     make_medusa_head(tmp_path / "h", tcfg, heads=2)
     with pytest.raises(UserError, match=r"k=3: this Medusa head has 2 heads"):
         _run(tiny, MedusaDrafter(path=str(tmp_path / "h")), k=3)
+
+
+def test_typical_run_is_flagged_lossy(tiny_dir, tcfg, tmp_path, monkeypatch):
+    from specbench.run import run
+    from test_cli import _compose
+
+    make_medusa_head(tmp_path / "h", tcfg, heads=4, layout="faster_decoding", lm_head="target")
+    cfg = _compose([f"model.path={tiny_dir}", "method=medusa", f"method.drafter.path={tmp_path / 'h'}",
+                    "method.tree=cpu_12", "k=4", "acceptance=typical", "temperature=0.7", "max_new_tokens=8",
+                    "dataset.limit=2", "progress=false", "dtype=float32"])
+    monkeypatch.chdir(tmp_path)
+    doc = run(cfg)
+    assert doc["config"]["acceptance_rule"] == {"rule": "typical", "lossless": False}
+    assert doc["outputs_match_baseline"] is None and doc["config"]["drafter"]["tree_nodes"] == 12
+    assert len(doc["acceptance"]["per_position"]) in (0, 4)

@@ -16,14 +16,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specbench.data.prompts import to_requests
 from specbench.drafters.draft_model import DraftModelDrafter
-from specbench.engine.loop import Engine, StopCriteria
-from specbench.core.sampling import SamplingParams
 from specbench.errors import UserError
-from specbench.metrics.results import AcceptanceStats
 from specbench.models.loading import hf_state_dict
 from specbench.models.transformer import Transformer, rope_inv_freq
+from specbench.train.evaluate import loop_acceptance
 
 
 def student_from_target(target: Transformer, layers: list[int] | None, num_layers: int | None = None,
@@ -166,15 +163,10 @@ class DraftModelMethod:
         was_training = self.student.training
         self.student.eval()
         draft = copy.deepcopy(self.student).to(self.target.dtype).requires_grad_(False)
-        tok = self.tokenizer
-        reqs = to_requests(self.eval_prompts, tok)
-        eng = Engine(self.target, tok, batch_size=min(4, len(reqs)), params=SamplingParams(), progress=False,
-                     stop=StopCriteria(frozenset({tok.eos_token_id}), self.eval_max_new),
-                     drafter=DraftModelDrafter(model=draft), k=self.eval_k)
-        acc = AcceptanceStats.from_results(eng.run(reqs), self.eval_k).summary()
+        out = loop_acceptance(self.target, self.tokenizer, self.eval_prompts, DraftModelDrafter(model=draft),
+                              self.eval_k, self.eval_max_new)
         self.student.train(was_training)
-        return {"eval/mean_acceptance_length": acc["mean_acceptance_length"] or 1.0,
-                "eval/acceptance_rate": acc["acceptance_rate"] or 0.0}
+        return out
 
     def export(self, out_dir: Path) -> None:
         """HF format, bf16: config.json, model.safetensors, tokenizer files."""

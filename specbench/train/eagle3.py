@@ -23,15 +23,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specbench.data.prompts import to_requests
 from specbench.drafters.eagle import EagleDrafter
-from specbench.engine.loop import Engine, StopCriteria
-from specbench.core.sampling import SamplingParams
 from specbench.errors import UserError
-from specbench.metrics.results import AcceptanceStats
 from specbench.models.eagle import EagleConfig, EagleDraft, default_aux_layers, save_eagle
 from specbench.models.transformer import Transformer, apply_rope
 from specbench.train.data import Tokenized
+from specbench.train.evaluate import loop_acceptance
 
 
 def draft_vocabulary(items: list[Tokenized], vocab_size: int, size: int, always: tuple[int, ...] = ()) -> Tensor:
@@ -215,19 +212,8 @@ class Eagle3Method:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Greedy acceptance of the current head as a chain drafter (depth eval_k), with the decode loop."""
-        if not self.eval_prompts:
-            return {}
-        tok = self.tokenizer
-        reqs = to_requests(self.eval_prompts, tok)
-        eng = Engine(self.target, tok, batch_size=min(4, len(reqs)), params=SamplingParams(), progress=False,
-                     stop=StopCriteria(frozenset({tok.eos_token_id}), self.eval_max_new),
-                     drafter=EagleDrafter(model=inference_copy(self.head, self.target)), k=self.eval_k)
-        acc = AcceptanceStats.from_results(eng.run(reqs), self.eval_k).summary()
-        out = {"eval/mean_acceptance_length": acc["mean_acceptance_length"] or 1.0,
-               "eval/acceptance_rate": acc["acceptance_rate"] or 0.0}
-        for i, p in enumerate(acc["per_position"]):
-            out[f"eval/per_position_{i}"] = p
-        return out
+        drafter = EagleDrafter(model=inference_copy(self.head, self.target))
+        return loop_acceptance(self.target, self.tokenizer, self.eval_prompts, drafter, self.eval_k, self.eval_max_new)
 
     def export(self, out_dir: Path) -> None:
         """The public EAGLE-3 format, bf16: config.json + model.safetensors (see models/eagle.py)."""

@@ -19,16 +19,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from specbench.core.sampling import SamplingParams
-from specbench.data.prompts import to_requests
 from specbench.drafters.medusa import MedusaDrafter
-from specbench.engine.loop import Engine, StopCriteria
 from specbench.errors import UserError
-from specbench.metrics.results import AcceptanceStats
 from specbench.models.medusa import MedusaConfig, MedusaHeads, save_medusa
 from specbench.models.transformer import Transformer
 from specbench.train.data import Tokenized
 from specbench.train.eagle3 import draft_vocabulary
+from specbench.train.evaluate import loop_acceptance
 
 
 class MedusaMethod:
@@ -115,19 +112,8 @@ class MedusaMethod:
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
         """Greedy acceptance of the current heads (chain of depth eval_k, or eval_tree) with the decode loop."""
-        if not self.eval_prompts:
-            return {}
-        tok = self.tokenizer
-        reqs = to_requests(self.eval_prompts, tok)
-        eng = Engine(self.target, tok, batch_size=min(4, len(reqs)), params=SamplingParams(), progress=False,
-                     stop=StopCriteria(frozenset({tok.eos_token_id}), self.eval_max_new),
-                     drafter=MedusaDrafter(model=self.inference_copy(), tree=self.eval_tree), k=self.eval_k)
-        acc = AcceptanceStats.from_results(eng.run(reqs), self.eval_k).summary()
-        out = {"eval/mean_acceptance_length": acc["mean_acceptance_length"] or 1.0,
-               "eval/acceptance_rate": acc["acceptance_rate"] or 0.0}
-        for i, p in enumerate(acc["per_position"]):
-            out[f"eval/per_position_{i}"] = p
-        return out
+        drafter = MedusaDrafter(model=self.inference_copy(), tree=self.eval_tree)
+        return loop_acceptance(self.target, self.tokenizer, self.eval_prompts, drafter, self.eval_k, self.eval_max_new)
 
     def export(self, out_dir: Path) -> None:
         """vLLM's layout, bf16, with the target's lm_head rows stored (serves unchanged elsewhere), and the
