@@ -230,3 +230,23 @@ def make_medusa_head(folder: Path, target_cfg: dict, *, layout: str = "vllm", he
     (folder / "config.json").write_text(json.dumps(cfg))
     save_file({k: v.contiguous() for k, v in sd.items()}, str(folder / "model.safetensors"))
     return ref
+
+
+@pytest.fixture(scope="session")
+def tiny_lm(tiny_dir):
+    """The tiny random Llama loaded in float32."""
+    from specbench.models.loading import load_model
+
+    return load_model(str(tiny_dir), torch.float32, torch.device("cpu"))
+
+
+@pytest.fixture(scope="session")
+def regen_items(tiny_lm, tmp_path_factory):
+    """Self-distillation data for training tests: the tiny target's own greedy responses to word prompts."""
+    from specbench.train.__main__ import regenerate
+    from specbench.train.data import Example, tokenize
+
+    words = " ".join(TINY_CORPUS).split()
+    prompts = [Example(" ".join(words[i:i + 3]), "", f"p{i}") for i in range(0, 36)]
+    examples = regenerate(tiny_lm.model, tiny_lm.tokenizer, prompts, 24, tmp_path_factory.mktemp("regen") / "r.jsonl")
+    return tokenize(examples, tiny_lm.tokenizer, 64)

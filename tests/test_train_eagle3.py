@@ -16,9 +16,7 @@ from specbench.data.prompts import Prompt
 from specbench.models.attention import AttnMeta
 from specbench.models.cache import KVCache
 from specbench.models.eagle import load_eagle
-from specbench.models.loading import load_model
 from specbench.models.transformer import build_mask
-from specbench.train.data import Example, tokenize
 from specbench.train.eagle3 import Eagle3Method, draft_vocabulary
 from specbench.train.trainer import Trainer, TrainSettings
 
@@ -27,19 +25,13 @@ AUX = [0, 1, 2]  # the tiny target has 2 layers
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return load_model(str(tiny_dir), torch.float32, CPU)
+def tiny(tiny_lm):
+    return tiny_lm
 
 
 @pytest.fixture(scope="module")
-def items(tiny, tmp_path_factory):
-    """Self-distillation data: the tiny target's own greedy responses to word prompts."""
-    from specbench.train.__main__ import regenerate
-
-    words = " ".join(TINY_CORPUS).split()
-    prompts = [Example(" ".join(words[i:i + 3]), "", f"p{i}") for i in range(0, 36)]
-    examples = regenerate(tiny.model, tiny.tokenizer, prompts, 24, tmp_path_factory.mktemp("regen") / "r.jsonl")
-    return tokenize(examples, tiny.tokenizer, 64)
+def items(regen_items):
+    return regen_items
 
 
 def _method(tiny, items, **kw):

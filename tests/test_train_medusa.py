@@ -14,9 +14,7 @@ import torch.nn.functional as F
 
 from conftest import TINY_CORPUS
 from specbench.data.prompts import Prompt
-from specbench.models.loading import load_model
 from specbench.models.medusa import load_medusa
-from specbench.train.data import Example, tokenize
 from specbench.train.medusa import MedusaMethod
 from specbench.train.trainer import Trainer, TrainSettings
 
@@ -24,18 +22,13 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_dir):
-    return load_model(str(tiny_dir), torch.float32, CPU)
+def tiny(tiny_lm):
+    return tiny_lm
 
 
 @pytest.fixture(scope="module")
-def items(tiny, tmp_path_factory):
-    from specbench.train.__main__ import regenerate
-
-    words = " ".join(TINY_CORPUS).split()
-    prompts = [Example(" ".join(words[i:i + 3]), "", f"p{i}") for i in range(0, 36)]
-    examples = regenerate(tiny.model, tiny.tokenizer, prompts, 24, tmp_path_factory.mktemp("regen") / "r.jsonl")
-    return tokenize(examples, tiny.tokenizer, 64)
+def items(regen_items):
+    return regen_items
 
 
 def _method(tiny, items, **kw):
