@@ -250,3 +250,49 @@ def regen_items(tiny_lm, tmp_path_factory):
     prompts = [Example(" ".join(words[i:i + 3]), "", f"p{i}") for i in range(0, 36)]
     examples = regenerate(tiny_lm.model, tiny_lm.tokenizer, prompts, 24, tmp_path_factory.mktemp("regen") / "r.jsonl")
     return tokenize(examples, tiny_lm.tokenizer, 64)
+
+
+def make_mlp_speculator(folder: Path, target_cfg: dict, *, n_predict: int = 3, inner_dim: int = 0,
+                        tie: bool = False, scale_input: bool = False, prefix: str = "speculator.",
+                        shards: bool = False, store_tied_once: bool = False, seed: int = 0,
+                        scale: float = 1.0) -> dict:
+    """Save a random MLP speculator for a target in the HF layout; returns its tensors (unprefixed names, every
+    stage listed, tied ones repeated). shards: two files + model.safetensors.index.json."""
+    from safetensors.torch import save_file
+
+    g = torch.Generator().manual_seed(seed)
+    E, V = target_cfg["hidden_size"], target_cfg["vocab_size"]
+    I = inner_dim or E
+    sd: dict[str, torch.Tensor] = {}
+    for i in range(n_predict):
+        src = 0 if tie else i
+        p_src = (1 if i >= 2 else i) if tie else i
+        sd[f"emb.{i}.weight"] = sd[f"emb.{src}.weight"] if src != i else torch.randn(V, I, generator=g) * scale * 0.3
+        sd[f"proj.{i}.weight"] = sd[f"proj.{p_src}.weight"] if p_src != i else \
+            torch.randn(I, E if i == 0 else I, generator=g) * scale / (E if i == 0 else I) ** 0.5
+        sd[f"head.{i}.weight"] = sd[f"head.{src}.weight"] if src != i else torch.randn(V, I, generator=g) * scale * 0.3
+        sd[f"ln.{i}.weight"] = sd[f"ln.{src}.weight"] if src != i else 1 + 0.2 * torch.randn(I, generator=g)
+        sd[f"ln.{i}.bias"] = sd[f"ln.{src}.bias"] if src != i else 0.1 * torch.randn(I, generator=g)
+    stored = {}
+    for k, v in sd.items():
+        kind, i, _ = k.split(".", 2)
+        tied_copy = tie and int(i) > 0 and not (kind == "proj" and int(i) == 1)
+        if store_tied_once and tied_copy:
+            continue
+        stored[prefix + k] = v.clone().contiguous()
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = {"architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator", "emb_dim": E,
+           "inner_dim": inner_dim, "vocab_size": V, "n_predict": n_predict, "top_k_tokens_per_head": [4, 3, 2][:n_predict],
+           "n_candidates": 5, "tie_weights": tie, "scale_input": scale_input}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    if shards:
+        keys = sorted(stored)
+        half = len(keys) // 2
+        parts = {"model-00001-of-00002.safetensors": keys[:half], "model-00002-of-00002.safetensors": keys[half:]}
+        for name, ks in parts.items():
+            save_file({k: stored[k] for k in ks}, str(folder / name))
+        (folder / "model.safetensors.index.json").write_text(json.dumps(
+            {"metadata": {}, "weight_map": {k: name for name, ks in parts.items() for k in ks}}))
+    else:
+        save_file(stored, str(folder / "model.safetensors"))
+    return sd

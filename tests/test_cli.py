@@ -69,7 +69,7 @@ def test_run_writes_results_contract(tmp_path, tiny_dir):
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["method=nosuch"], "method='nosuch' is not a known method; valid: draft_model, eagle, eagle3, medusa, ngram, none"),
+        (["method=nosuch"], "method='nosuch' is not a known method; valid: draft_model, eagle, eagle3, medusa, mlp_speculator, ngram, none"),
         (["model.path=/no/such/model"], "model path '/no/such/model' does not exist"),
         (["batch_size=0"], "batch_size=0"),
         (["batch_size=abc"], None),  # Hydra's own type check: still exit 2

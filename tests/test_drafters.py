@@ -9,7 +9,7 @@ import pytest
 import torch
 from hydra.utils import instantiate
 
-from conftest import make_eagle_head, make_medusa_head
+from conftest import make_eagle_head, make_medusa_head, make_mlp_speculator
 from specbench.cli import group_options
 from specbench.core.types import DraftTree
 from specbench.engine.loop import Engine, StopCriteria
@@ -37,6 +37,9 @@ def _drafter(method: str, tiny_dir, tmp_path):
         tcfg = json.loads((tiny_dir / "config.json").read_text())
         make_medusa_head(tmp_path / method, tcfg, heads=3, layout="vllm", lm_head="own")
         extra = [f"method.drafter.path={tmp_path / method}", "method.tree=cpu_12"]
+    elif method == "mlp_speculator":
+        make_mlp_speculator(tmp_path / method, json.loads((tiny_dir / "config.json").read_text()), n_predict=3)
+        extra = [f"method.drafter.path={tmp_path / method}"]
     cfg = _compose([f"method={method}", *extra])
     return instantiate(cfg.method.drafter)
 

@@ -4,7 +4,7 @@ A 4-token vocabulary target, continuations of L = k + 2 = 5 tokens (the bonus to
 depth-3 chain lies inside the window), every one of the 4^5 sequences' exact probability enumerated from the
 target. Pearson chi-square over the sequences (cells expected below 5 pooled), against the chi-square quantile
 at p = 1e-6 (Wilson-Hilferty): a correct rule fails this test with probability below 1e-6 by construction.
-Each drafter that supplies q (draft model, EAGLE-3 chain and tree) and point-mass ones (n-gram, a Medusa static
+Each drafter that supplies q (draft model, EAGLE-3 chain and tree, MLP speculator chain) and point-mass ones (n-gram, a Medusa static
 tree) is tested,
 and for each a broken rule (recovering from p instead of the residual norm(max(p - q, 0))) must be caught.
 """
@@ -18,12 +18,13 @@ import math
 import pytest
 import torch
 
-from conftest import make_eagle_head, make_hf_model, make_medusa_head
+from conftest import make_eagle_head, make_hf_model, make_medusa_head, make_mlp_speculator
 from spec_helpers import TableTreeDrafter
 from specbench.core.sampling import SamplingParams, target_probs
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.eagle import EagleDrafter
 from specbench.drafters.medusa import MedusaDrafter
+from specbench.drafters.mlp_speculator import MLPSpeculatorDrafter
 from specbench.drafters.ngram import NgramDrafter
 from specbench.engine.loop import Engine, StopCriteria
 from specbench.core.request import Request
@@ -38,14 +39,15 @@ Z_1E6 = 4.753  # standard normal quantile for a one-sided p of 1e-6
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    t, d, h, m = (tmp_path_factory.mktemp(n) for n in ("v4t", "v4d", "v4h", "v4m"))
+    t, d, h, m, s = (tmp_path_factory.mktemp(n) for n in ("v4t", "v4d", "v4h", "v4m", "v4s"))
     make_hf_model(t, vocab=V, seed=3, layers=1, hidden=32, heads=2, kv_heads=1, scale=1.5)
     make_hf_model(d, vocab=V, seed=11, layers=1, hidden=32, heads=2, kv_heads=1, scale=1.5)
     make_eagle_head(h, json.loads((t / "config.json").read_text()), version=3, aux_ids=[0, 1, 1], seed=4,
                     scale=0.5, fmt="specforge", draft_vocab=3)  # a reduced draft vocabulary: q lives on 3 of 4
     make_medusa_head(m, json.loads((t / "config.json").read_text()), heads=3, layout="vllm", lm_head="own", seed=2,
                      scale=1.0)
-    return load_model(str(t), torch.float32, CPU), load_model(str(d), torch.float32, CPU), str(h), str(m)
+    make_mlp_speculator(s, json.loads((t / "config.json").read_text()), n_predict=3, inner_dim=24, seed=6, scale=1.5)
+    return load_model(str(t), torch.float32, CPU), load_model(str(d), torch.float32, CPU), str(h), str(m), str(s)
 
 
 def exact_distribution(lm, params: SamplingParams) -> torch.Tensor:
@@ -92,7 +94,7 @@ def chi2(counts: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:
 
 
 def _cases(models):
-    target, draft, head, medusa = models
+    target, draft, head, medusa, mlp = models
     return {
         "draft_model_chain": lambda: DraftModelDrafter(model=draft.model),
         "eagle3_chain": lambda: EagleDrafter(path=head),
@@ -100,6 +102,7 @@ def _cases(models):
         "ngram_point_mass": lambda: NgramDrafter(min_n=1, max_n=2),
         "table_tree": lambda: TableTreeDrafter(V, width=2, seed=5, sharpness=1.5),
         # a static tree of point-mass top-k picks: 2 children at depth 1 and 2, depth 3
+        "mlp_speculator_chain": lambda: MLPSpeculatorDrafter(path=mlp),  # sampled stages carry q
         "medusa_tree": lambda: MedusaDrafter(path=medusa, tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
     }
 
@@ -118,7 +121,8 @@ def _broken_verify(tree, logits, params, gen, rule="auto", draws=None, **kw):
     return vf._descend(tree, probs, accept, gen, lossless=False, draws=draws)
 
 
-CASES = ["draft_model_chain", "eagle3_chain", "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree"]
+CASES = ["draft_model_chain", "eagle3_chain", "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree",
+         "mlp_speculator_chain"]
 
 
 @pytest.mark.slow

@@ -37,3 +37,30 @@ class Drafter(Protocol):
         """Verification is done; roll back / advance own state. `state` still holds the values from before
         this step (seq_lens, last); the new cache length is seq_lens + 1 + verdict.num_accepted and the new
         `last` is verdict.tokens[b, num_accepted[b]]. target_out: the verify forward's outputs."""
+
+
+class FinalStateDrafter:
+    """Shared by drafters that read only the target's final-normed hidden state at the last accepted position
+    (Medusa, MLP speculator): `self.state` [B, H] is the state whose target logits produced the newest token.
+    After the prefill it is the last prompt position's; after a verify step the state at the last accepted
+    node (or the root). Subclasses call `track(target, batch_size)` in setup."""
+
+    def track(self, target, batch_size: int) -> None:
+        self.target, self.device = target, target.device
+        self.hidden_layers = (target.config.num_layers,)  # the last layer's output; normed here
+        self.state = torch.zeros(batch_size, target.config.hidden_size, dtype=target.dtype, device=self.device)
+
+    def _normed(self, hidden: list) -> torch.Tensor:
+        return self.target.norm(hidden[0])
+
+    def prefill(self, rows: list[int], admitted: Admitted, target_out: TargetOutput) -> None:
+        lo, hi = rows[0], rows[-1] + 1
+        h = self._normed(target_out.hidden)  # [R, P, H]
+        last = torch.tensor(admitted.prompt_lens, device=self.device) - 1
+        self.state[lo:hi] = h[torch.arange(hi - lo, device=self.device), last]
+
+    def commit(self, verdict: Verdict, state: BatchState, target_out: TargetOutput) -> None:
+        h = self._normed(target_out.hidden)  # [B, 1+N, H]
+        n = verdict.num_accepted
+        last = torch.where(n > 0, verdict.accepted_nodes.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] + 1, 0)
+        self.state = h[torch.arange(h.shape[0], device=self.device), last].to(self.state.dtype)

@@ -17,10 +17,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import Tensor
 
 from specbench.core.sampling import SamplingParams
-from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
+from specbench.core.types import BatchState, DraftTree
+from specbench.drafters.base import FinalStateDrafter
 from specbench.errors import UserError
 from specbench.models.medusa import MedusaHeads, load_medusa
 
@@ -57,7 +57,7 @@ def tree_layout(choices: list, k: int) -> tuple[list[tuple[int, ...]], list[int]
     return paths, [index[p[:-1]] if len(p) > 1 else -1 for p in paths]
 
 
-class MedusaDrafter:
+class MedusaDrafter(FinalStateDrafter):
     def __init__(self, path: str | None = None, tree: str | list | None = None, max_draft_len: int = 16,
                  model: MedusaHeads | None = None) -> None:
         """path: a Medusa head folder (FasterDecoding or vLLM layout); null = the head shipped for the embedded
@@ -92,9 +92,8 @@ class MedusaDrafter:
         heads = self.model.config.num_heads
         if k > heads:
             raise UserError(f"k={k}: this Medusa head has {heads} heads, so k (the tree depth) must be <= {heads}")
-        self.target, self.device, self.k = target, target.device, k
-        self.hidden_layers = (target.config.num_layers,)  # the last layer's output; normed here
-        self.state = torch.zeros(batch_size, target.config.hidden_size, dtype=target.dtype, device=self.device)
+        self.track(target, batch_size)
+        self.k = k
         self.token_ids = self.model.token_ids.to(self.device)
         if self.choices is None:
             self.depth_of = torch.arange(k, device=self.device)
@@ -115,15 +114,6 @@ class MedusaDrafter:
                 "head_vocab_size": c.rows, "shape": "chain" if self.choices is None else "tree",
                 "tree_nodes": self.max_nodes(self.k)}
 
-    def _normed(self, hidden: list[Tensor]) -> Tensor:
-        return self.target.norm(hidden[0])
-
-    def prefill(self, rows: list[int], admitted: Admitted, target_out) -> None:
-        lo, hi = rows[0], rows[-1] + 1
-        h = self._normed(target_out.hidden)  # [R, P, H]
-        last = torch.tensor(admitted.prompt_lens, device=self.device) - 1
-        self.state[lo:hi] = h[torch.arange(hi - lo, device=self.device), last]
-
     def propose(self, state: BatchState) -> DraftTree:
         B, k = state.last.shape[0], state.k
         logits = self.model.logits(self.state)[:, :k]  # [B, k, rows]: head d-1 proposes depth d
@@ -136,10 +126,3 @@ class MedusaDrafter:
         tokens = tokens.masked_fill(lens[:, None] == 0, -1)
         return DraftTree(tokens=tokens, parents=self.parents.expand(B, -1).contiguous(), lens=lens,
                          depth=self.tree_depth, width=self.width)
-
-    def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
-        h = self._normed(target_out.hidden)  # [B, 1+N, H]
-        B = h.shape[0]
-        n = verdict.num_accepted
-        last = torch.where(n > 0, verdict.accepted_nodes.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0] + 1, 0)
-        self.state = h[torch.arange(B, device=self.device), last].to(self.state.dtype)

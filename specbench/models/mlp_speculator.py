@@ -1,0 +1,186 @@
+"""IBM's MLP speculator (fms-extras `MLPSpeculator`) and its HF checkpoint layout, in and out.
+
+The state starts as the target's final-normed hidden state s at the last accepted position (with
+`scale_input`: a parameter-free RMS norm, / sqrt(2)); stage i embeds the token x chosen before it (stage 0:
+the newest token, the one the target produced from s):
+
+    s = proj_i(s) + (w_e / w_s) * emb_i(x);  s = GELU(LN_i(s));  logits_i = head_i(s)   (predicts t+2+i)
+
+w_s = 0.5 ** (0.5 / n_predict), w_e = sqrt((1 - w_s^2) * inner_dim / 2); LN_i is RMS-style with weight and
+bias, eps 1e-6. `tie_weights` shares every emb / head / ln with stage 0's and proj[2..] with proj[1].
+Layout (facts: ../shared/reference/checkpoint-formats.md, section 4): `config.json` (`model_type
+mlp_speculator`, `emb_dim`, `inner_dim` (0 = emb_dim), `n_predict`, `top_k_tokens_per_head`, `n_candidates`,
+`tie_weights`, `scale_input`, `vocab_size`) and tensors `emb.i.weight`, `proj.i.weight`, `head.i.weight`,
+`ln.i.weight`, `ln.i.bias`, with or without the `speculator.` prefix, in one safetensors file or shards with
+an index. Tied checkpoints may store a tied tensor once (stage 0 / proj 1) or under every index; both load.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from specbench.errors import UserError
+from specbench.models.cpu_kernels import Linear
+
+
+@dataclass
+class MLPSpeculatorConfig:
+    emb_dim: int
+    inner_dim: int
+    vocab_size: int
+    n_predict: int
+    top_k_tokens_per_head: list[int] = field(default_factory=lambda: [5, 4, 3])
+    n_candidates: int = 5
+    tie_weights: bool = False
+    scale_input: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_hf(cls, raw: dict, src: str) -> "MLPSpeculatorConfig":
+        try:
+            emb = int(raw.get("emb_dim", raw.get("hidden_size")))
+            n = int(raw["n_predict"])
+            vocab = int(raw["vocab_size"])
+        except (KeyError, TypeError) as e:
+            raise UserError(f"MLP speculator {src}: config.json lacks {e.args[0] if e.args else 'emb_dim'!r}") from None
+        inner = int(raw.get("inner_dim") or 0) or emb
+        known = {"emb_dim", "hidden_size", "inner_dim", "vocab_size", "n_predict", "top_k_tokens_per_head",
+                 "n_candidates", "tie_weights", "scale_input", "model_type", "architectures"}
+        cfg = cls(emb, inner, vocab, n, [int(k) for k in raw.get("top_k_tokens_per_head", [5, 4, 3])],
+                  int(raw.get("n_candidates", 5)), bool(raw.get("tie_weights", False)),
+                  bool(raw.get("scale_input", False)), {k: v for k, v in raw.items() if k not in known})
+        if cfg.tie_weights and n < 2:
+            raise UserError(f"MLP speculator {src}: tie_weights needs n_predict >= 2, got {n}")
+        return cfg
+
+    def to_hf(self, dtype: str = "bfloat16") -> dict:
+        return {"architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator",
+                "emb_dim": self.emb_dim, "inner_dim": self.inner_dim, "vocab_size": self.vocab_size,
+                "n_predict": self.n_predict, "top_k_tokens_per_head": list(self.top_k_tokens_per_head),
+                "n_candidates": self.n_candidates, "tie_weights": self.tie_weights,
+                "scale_input": self.scale_input, "torch_dtype": dtype, **self.extra}
+
+
+class RMSNormAffine(nn.Module):
+    """fms LayerNormParameterized(use_mean=False, elementwise_scale=True, elementwise_shift=True)."""
+
+    def __init__(self, dim: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight, self.bias, self.eps = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.zeros(dim)), eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (y.to(x.dtype) * self.weight) + self.bias
+
+
+class MLPSpeculator(nn.Module):
+    def __init__(self, cfg: MLPSpeculatorConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        n, E, I, V = cfg.n_predict, cfg.emb_dim, cfg.inner_dim, cfg.vocab_size
+        self.emb = nn.ModuleList(nn.Embedding(V, I) for _ in range(n))
+        self.proj = nn.ModuleList(Linear(E if i == 0 else I, I, bias=False) for i in range(n))
+        self.head = nn.ModuleList(Linear(I, V, bias=False) for _ in range(n))
+        self.ln = nn.ModuleList(RMSNormAffine(I) for _ in range(n))
+        if cfg.tie_weights:
+            for i in range(1, n):
+                self.emb[i].weight, self.head[i].weight = self.emb[0].weight, self.head[0].weight
+                self.ln[i].weight, self.ln[i].bias = self.ln[0].weight, self.ln[0].bias
+                if i >= 2:
+                    self.proj[i].weight = self.proj[1].weight
+        self.state_weight = 0.5 ** (0.5 / n)
+        self.emb_weight = math.sqrt((1 - self.state_weight ** 2) * (I / 2))
+
+    def start(self, s: Tensor) -> Tensor:
+        """The target's final-normed state -> the stage-0 input (scale_input: parameter-free RMS norm / sqrt 2)."""
+        if not self.config.scale_input:
+            return s
+        sf = s.float()
+        return (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + 1e-6) / math.sqrt(2)).to(s.dtype)
+
+    def stage(self, i: int, s: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(state [..., E or I], token ids [...]) -> (new state [..., I], logits [..., V])."""
+        s = self.proj[i](s) + (self.emb_weight / self.state_weight) * self.emb[i](x).to(s.dtype)
+        s = F.gelu(self.ln[i](s))
+        return s, self.head[i](s)
+
+
+def _strip(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k.removeprefix("speculator."): v for k, v in sd.items()}
+
+
+def _read_weights(folder: Path) -> dict[str, Tensor]:
+    from safetensors.torch import load_file
+
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        sd: dict[str, Tensor] = {}
+        for f in files:
+            if not (folder / f).is_file():
+                raise UserError(f"MLP speculator {folder}: shard {f} named in the index is missing")
+            sd.update(load_file(str(folder / f)))
+        return sd
+    if (folder / "model.safetensors").is_file():
+        return load_file(str(folder / "model.safetensors"))
+    if (folder / "pytorch_model.bin").is_file():
+        return torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
+    raise UserError(f"MLP speculator {folder}: no model.safetensors, shards with an index, or pytorch_model.bin")
+
+
+def load_mlp_speculator(path: str | Path, target) -> MLPSpeculator:
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise UserError(f"MLP speculator {str(path)!r} does not exist (no config.json there)")
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except ValueError as e:
+        raise UserError(f"MLP speculator {folder}/config.json: not valid JSON ({e})") from None
+    cfg = MLPSpeculatorConfig.from_hf(raw, str(folder))
+    t = target.config
+    if cfg.emb_dim != t.hidden_size:
+        raise UserError(f"MLP speculator {folder}: emb_dim {cfg.emb_dim} != the target's hidden size {t.hidden_size}")
+    if cfg.vocab_size != t.vocab_size:
+        raise UserError(f"MLP speculator {folder}: vocab_size {cfg.vocab_size} != the target's {t.vocab_size}")
+    sd = _strip(_read_weights(folder))
+    model = MLPSpeculator(cfg)
+    expected = model.state_dict()
+    if cfg.tie_weights:  # a tied tensor may be stored once: fill the shared names from their source
+        for k in expected:
+            if k not in sd:
+                kind, i, name = k.split(".", 2)
+                src = f"{kind}.{1 if kind == 'proj' else 0}.{name}"
+                if src in sd and (kind != "proj" or int(i) >= 2):
+                    sd[k] = sd[src]
+    for k, want in expected.items():
+        if k not in sd:
+            raise UserError(f"MLP speculator {folder}: missing tensor {k!r}")
+        if tuple(sd[k].shape) != tuple(want.shape):
+            raise UserError(f"MLP speculator {folder}: tensor {k!r} has shape {tuple(sd[k].shape)}, "
+                            f"config implies {tuple(want.shape)}")
+    extra = sorted(set(sd) - set(expected))
+    if extra:
+        raise UserError(f"MLP speculator {folder}: unexpected tensor {extra[0]!r}")
+    model.load_state_dict({k: v.to(target.device, target.dtype) for k, v in sd.items() if k in expected})
+    return model.to(target.device, target.dtype).eval().requires_grad_(False)
+
+
+def save_mlp_speculator(model: MLPSpeculator, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
+                        prefix: str = "speculator.") -> Path:
+    """HF layout: config.json + model.safetensors, every tensor under its own name (tied ones copied)."""
+    from safetensors.torch import save_file
+
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    sd = {prefix + k: v.detach().to("cpu", dtype).clone().contiguous() for k, v in model.state_dict().items()}
+    save_file(sd, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(model.config.to_hf(str(dtype).removeprefix("torch.")), indent=2))
+    return out

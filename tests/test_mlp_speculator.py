@@ -1,0 +1,114 @@
+"""MLP speculator: the forward against a direct transcription of the fms equations (tied / untied, scale_input
+on / off), the HF layout in and out (prefixed or not, sharded, tied tensors stored once or repeated), one-line
+errors for misfits, and greedy identity of the chain at batch 1 and 3 for k = 1..n_predict."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import make_mlp_speculator
+from specbench.core.request import Request
+from specbench.core.sampling import SamplingParams
+from specbench.drafters.mlp_speculator import MLPSpeculatorDrafter
+from specbench.engine.loop import Engine, StopCriteria
+from specbench.errors import UserError
+from specbench.models.mlp_speculator import load_mlp_speculator, save_mlp_speculator
+
+PROMPTS = [[5, 17, 99, 3, 250, 7, 8, 5, 17], [40, 41, 42], [300, 3, 9, 11, 12, 300, 3], [6, 7], [9]]
+
+
+@pytest.fixture(scope="module")
+def tcfg(tiny_dir):
+    return json.loads((tiny_dir / "config.json").read_text())
+
+
+def fms_reference(sd: dict, s: torch.Tensor, x: torch.Tensor, n: int, inner: int, scale_input: bool) -> list:
+    """The equations, written out: w_s = 0.5^(0.5/n), w_e = sqrt((1 - w_s^2) * inner / 2);
+    s = proj_i s + (w_e / w_s) emb_i[x]; s = GELU(rms(s) * g + b); logits = head_i s; x = argmax."""
+    ws = 0.5 ** (0.5 / n)
+    we = math.sqrt((1 - ws * ws) * inner / 2)
+    if scale_input:
+        s = s / torch.sqrt((s * s).mean(-1, keepdim=True) + 1e-6) / math.sqrt(2)
+    out = []
+    for i in range(n):
+        s = s @ sd[f"proj.{i}.weight"].T + (we / ws) * sd[f"emb.{i}.weight"][x]
+        s = s / torch.sqrt((s * s).mean(-1, keepdim=True) + 1e-6) * sd[f"ln.{i}.weight"] + sd[f"ln.{i}.bias"]
+        s = 0.5 * s * (1 + torch.erf(s / math.sqrt(2)))
+        logits = s @ sd[f"head.{i}.weight"].T
+        out.append(logits)
+        x = logits.argmax(-1)
+    return out
+
+
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("scale_input", [False, True])
+def test_forward_is_the_fms_equations(tiny_lm, tcfg, tmp_path, tie, scale_input):
+    sd = make_mlp_speculator(tmp_path / "m", tcfg, n_predict=3, inner_dim=48, tie=tie, scale_input=scale_input)
+    m = load_mlp_speculator(tmp_path / "m", tiny_lm.model)
+    g = torch.Generator().manual_seed(2)
+    s0, x = torch.randn(4, tcfg["hidden_size"], generator=g) * 3, torch.randint(0, 384, (4,), generator=g)
+    want = fms_reference(sd, s0, x, 3, 48, scale_input)
+    s, xi = m.start(s0), x
+    for i in range(3):
+        s, logits = m.stage(i, s, xi)
+        torch.testing.assert_close(logits, want[i], atol=1e-4, rtol=1e-4)
+        xi = logits.argmax(-1)
+    if tie:
+        assert m.emb[2].weight is m.emb[0].weight and m.proj[2].weight is m.proj[1].weight
+        assert m.proj[1].weight is not m.proj[0].weight
+
+
+@pytest.mark.parametrize("kw", [dict(prefix=""), dict(shards=True), dict(tie=True, store_tied_once=True),
+                                dict(tie=True), dict(inner_dim=0)], ids=["no_prefix", "sharded", "tied_once",
+                                                                         "tied_repeated", "inner_eq_emb"])
+def test_layouts_load_and_round_trip(tiny_lm, tcfg, tmp_path, kw):
+    make_mlp_speculator(tmp_path / "m", tcfg, inner_dim=kw.pop("inner_dim", 40), **kw)
+    m = load_mlp_speculator(tmp_path / "m", tiny_lm.model)
+    out = save_mlp_speculator(m, tmp_path / "out", dtype=torch.float32)
+    back = load_mlp_speculator(out, tiny_lm.model)
+    s, x = torch.randn(2, tcfg["hidden_size"]), torch.tensor([3, 4])
+    torch.testing.assert_close(back.stage(0, back.start(s), x)[1], m.stage(0, m.start(s), x)[1])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model_type"] == "mlp_speculator" and cfg["n_predict"] == 3
+
+
+def test_bad_checkpoints(tiny_lm, tcfg, tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_mlp_speculator(tmp_path / "none", tiny_lm.model)
+    make_mlp_speculator(tmp_path / "wide", dict(tcfg, hidden_size=96))
+    with pytest.raises(UserError, match="emb_dim 96 != the target's hidden size 64"):
+        load_mlp_speculator(tmp_path / "wide", tiny_lm.model)
+    make_mlp_speculator(tmp_path / "voc", dict(tcfg, vocab_size=100))
+    with pytest.raises(UserError, match="vocab_size 100 != the target's 384"):
+        load_mlp_speculator(tmp_path / "voc", tiny_lm.model)
+    make_mlp_speculator(tmp_path / "once", tcfg, store_tied_once=True, tie=False)
+    from safetensors.torch import load_file, save_file
+
+    sd = load_file(str(tmp_path / "once" / "model.safetensors"))
+    del sd["speculator.head.2.weight"]
+    save_file(sd, str(tmp_path / "once" / "model.safetensors"))
+    with pytest.raises(UserError, match="missing tensor 'head.2.weight'"):
+        load_mlp_speculator(tmp_path / "once", tiny_lm.model)
+    with pytest.raises(UserError, match="candidate tree is not supported"):
+        MLPSpeculatorDrafter(path="x", tree={"topk": 2})
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_greedy_is_token_identical(tiny_lm, tcfg, tmp_path, batch_size):
+    make_mlp_speculator(tmp_path / "m", tcfg, n_predict=4, inner_dim=40)
+    reqs = [Request(id=str(i), prompt="", prompt_ids=list(p)) for i, p in enumerate(PROMPTS)]
+
+    def run(d, k):
+        e = Engine(tiny_lm.model, tiny_lm.tokenizer, batch_size=batch_size, stop=StopCriteria(frozenset(), 16),
+                   params=SamplingParams(), progress=False, drafter=d, k=k)
+        return [r.output_ids for r in e.run(reqs)]
+
+    ref = run(None, 0)
+    for k in range(1, 5):
+        assert run(MLPSpeculatorDrafter(path=str(tmp_path / "m")), k) == ref, k
+    with pytest.raises(UserError, match="k=5: this MLP speculator has n_predict=4"):
+        run(MLPSpeculatorDrafter(path=str(tmp_path / "m")), 5)
