@@ -103,6 +103,7 @@ def _cases(models):
         "table_tree": lambda: TableTreeDrafter(V, width=2, seed=5, sharpness=1.5),
         # a static tree of point-mass top-k picks: 2 children at depth 1 and 2, depth 3
         "mlp_speculator_chain": lambda: MLPSpeculatorDrafter(path=mlp),  # sampled stages carry q
+        "mlp_speculator_tree": lambda: MLPSpeculatorDrafter(path=mlp, tree={"top_k": [2, 2, 1], "n_candidates": 3}),
         "medusa_tree": lambda: MedusaDrafter(path=medusa, tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
     }
 
@@ -122,7 +123,7 @@ def _broken_verify(tree, logits, params, gen, rule="auto", draws=None, **kw):
 
 
 CASES = ["draft_model_chain", "eagle3_chain", "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree",
-         "mlp_speculator_chain"]
+         "mlp_speculator_chain", "mlp_speculator_tree"]
 
 
 @pytest.mark.slow

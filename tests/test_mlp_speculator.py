@@ -93,12 +93,55 @@ def test_bad_checkpoints(tiny_lm, tcfg, tmp_path):
     save_file(sd, str(tmp_path / "once" / "model.safetensors"))
     with pytest.raises(UserError, match="missing tensor 'head.2.weight'"):
         load_mlp_speculator(tmp_path / "once", tiny_lm.model)
-    with pytest.raises(UserError, match="candidate tree is not supported"):
-        MLPSpeculatorDrafter(path="x", tree={"topk": 2})
+    with pytest.raises(UserError, match=r"method.tree='cpu': null \(a chain\)"):
+        MLPSpeculatorDrafter(path="x", tree="cpu")
 
 
+def _node_paths(tree, b: int) -> set[tuple[int, ...]]:
+    """Every node of row b as the token path from the root to it."""
+    toks, par = tree.tokens[b].tolist(), tree.parents[b].tolist()
+    out = set()
+    for n in range(int(tree.lens[b])):
+        path, m = [], n
+        while m >= 0:
+            path.insert(0, toks[m])
+            m = par[m]
+        out.add(tuple(path))
+    return out
+
+
+def test_candidate_tree_is_fms_generate_suffixes(tiny_lm, tcfg, tmp_path):
+    """Reference on the host: every path of the per-stage top-k tokens, the best n by summed log-probability,
+    each candidate's prefixes as nodes (shared ones once)."""
+    make_mlp_speculator(tmp_path / "m", tcfg, n_predict=3, inner_dim=40, seed=3)
+    d = MLPSpeculatorDrafter(path=str(tmp_path / "m"), tree={"top_k": [3, 2, 2], "n_candidates": 5})
+    from specbench.core.sampling import RowGenerators
+    from specbench.core.types import BatchState
+
+    d.setup(tiny_lm.model, 2, 64, 3, SamplingParams(), RowGenerators(2, torch.device("cpu")))
+    d.state = torch.randn(2, tcfg["hidden_size"], generator=torch.Generator().manual_seed(4)) * 2
+    st = BatchState(seq_lens=torch.tensor([5, 5]), last=torch.tensor([[7], [9]]), active=torch.tensor([1, 1]),
+                    history=[[], []], host_lens=[5, 5], k=3)
+    tree = d.propose(st)
+    assert tree.contract_errors(3, d.max_nodes(3)) == [] and d.max_nodes(3) == 15
+    m = d.model
+    for b in range(2):
+        paths = [((), 0.0, m.start(d.state[b]), int(st.last[b, 0]))]
+        for i, t in enumerate([3, 2, 2]):
+            nxt = []
+            for toks, lp, s, x in paths:
+                s2, logits = m.stage(i, s, torch.tensor(x))
+                v, idx = torch.log_softmax(logits, -1).topk(t)
+                nxt += [(toks + (int(j),), lp + float(w), s2, int(j)) for w, j in zip(v, idx)]
+            paths = nxt
+        best = sorted(paths, key=lambda p: -p[1])[:5]
+        want = {c[0][:L] for c in best for L in range(1, 4)}
+        assert _node_paths(tree, b) == want and int(tree.lens[b]) == len(want) < 15  # prefixes were shared
+
+
+@pytest.mark.parametrize("tree", [None, {"top_k": [3, 2, 2, 1], "n_candidates": 4}], ids=["chain", "tree"])
 @pytest.mark.parametrize("batch_size", [1, 3])
-def test_greedy_is_token_identical(tiny_lm, tcfg, tmp_path, batch_size):
+def test_greedy_is_token_identical(tiny_lm, tcfg, tmp_path, batch_size, tree):
     make_mlp_speculator(tmp_path / "m", tcfg, n_predict=4, inner_dim=40)
     reqs = [Request(id=str(i), prompt="", prompt_ids=list(p)) for i, p in enumerate(PROMPTS)]
 
@@ -109,6 +152,6 @@ def test_greedy_is_token_identical(tiny_lm, tcfg, tmp_path, batch_size):
 
     ref = run(None, 0)
     for k in range(1, 5):
-        assert run(MLPSpeculatorDrafter(path=str(tmp_path / "m")), k) == ref, k
+        assert run(MLPSpeculatorDrafter(path=str(tmp_path / "m"), tree=tree), k) == ref, k
     with pytest.raises(UserError, match="k=5: this MLP speculator has n_predict=4"):
         run(MLPSpeculatorDrafter(path=str(tmp_path / "m")), 5)
