@@ -65,6 +65,7 @@ def test_choices_are_measured_once_and_cached(tmp_path, monkeypatch):
     and a fresh process state reads it back instead of measuring again."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     monkeypatch.setitem(cpu_kernels._state, "table", None)
+    monkeypatch.setitem(cpu_kernels._state, "memo", {})
     calls = []
     monkeypatch.setattr(cpu_kernels, "_measure", lambda dt, K, N, M: calls.append((K, N, M)) or "wxt")
     assert cpu_kernels.choice(torch.float32, 256, 512, 3) == "wxt"  # bucket 4
@@ -81,6 +82,7 @@ def test_choices_are_measured_once_and_cached(tmp_path, monkeypatch):
 def test_measurement_picks_a_real_candidate(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
     monkeypatch.setitem(cpu_kernels._state, "table", None)
+    monkeypatch.setitem(cpu_kernels._state, "memo", {})
     assert cpu_kernels._measure(torch.float32, 256, 512, 2) in ("torch", "wxt")
 
 

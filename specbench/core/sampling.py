@@ -55,6 +55,8 @@ class RowGenerators:
 
     def _draw(self, shape: tuple[int, ...], fill: float, op) -> Tensor:
         out = torch.full((len(self.gens), *shape), fill, dtype=torch.float32, device=self.device)
+        if out.numel() == 0:  # nothing to draw (e.g. a verify without draft nodes): no per-row calls
+            return out
         for b, g in enumerate(self.gens):
             if g is not None:
                 op(out[b], g)

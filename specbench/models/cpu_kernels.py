@@ -35,7 +35,7 @@ from specbench.core.hw import cache_root, cpu_has_fast_bf16, cpu_info, has_flags
 from specbench.log import log
 
 _SRC = Path(__file__).resolve().parent / "csrc" / "linear_bf16.cpp"
-_state: dict = {"mode": "auto", "ext": None, "tried": False, "table": None}
+_state: dict = {"mode": "auto", "ext": None, "tried": False, "table": None, "memo": {}}
 MODES = ("auto", "torch")
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 256)  # M is measured at the smallest bucket >= M (prefills: 256)
 MIN_WEIGHT = 1 << 16  # smaller weights: F.linear, no measurement
@@ -89,6 +89,7 @@ def _table_path() -> Path:
 
 def _table() -> dict:
     if _state["table"] is None:
+        _state["memo"] = {}
         path = _table_path()
         try:
             _state["table"] = json.loads(path.read_text())
@@ -133,11 +134,17 @@ def _measure(dtype: torch.dtype, K: int, N: int, M: int) -> str:
 
 
 def choice(dtype: torch.dtype, K: int, N: int, M: int) -> str:
-    """The formulation `linear` uses for [M, K] x [N, K]^T (measured once, cached on disk)."""
+    """The formulation `linear` uses for [M, K] x [N, K]^T (measured once, cached on disk; every linear call of
+    a step asks, so the answer is memoised per (dtype, K, N, M) in the process)."""
+    table = _table()
+    memo = _state["memo"]
+    hit = memo.get((dtype, K, N, M))
+    if hit is not None:
+        return hit
     if K * N < MIN_WEIGHT or dtype not in (torch.float32, torch.bfloat16):
+        memo[(dtype, K, N, M)] = "torch"
         return "torch"
     key = f"{str(dtype).removeprefix('torch.')}:{K}x{N}:{_bucket(M)}"
-    table = _table()
     if key not in table:
         table[key] = _measure(dtype, K, N, _bucket(M))
         path = _table_path()
@@ -148,6 +155,7 @@ def choice(dtype: torch.dtype, K: int, N: int, M: int) -> str:
             tmp.replace(path)
         except OSError:  # a read-only cache only costs re-measuring next time
             pass
+    memo[(dtype, K, N, M)] = table[key]
     return table[key]
 
 

@@ -258,7 +258,7 @@ class EagleDraft(nn.Module):
 
 # ----------------------------------------------------------------------------------------- checkpoints
 def _read_head(folder: Path) -> tuple[dict, dict[str, Tensor]]:
-    from specbench.models.loading import _read_weights
+    from specbench.models.loading import read_weights
 
     if not folder.is_dir():
         raise UserError(f"EAGLE head {str(folder)!r} does not exist (give a folder with config.json and weights)")
@@ -269,7 +269,7 @@ def _read_head(folder: Path) -> tuple[dict, dict[str, Tensor]]:
         raw = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
         raise UserError(f"{cfg_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return raw, _read_weights(folder)
+    return raw, read_weights(folder)
 
 
 def default_aux_layers(num_layers: int) -> list[int]:
@@ -348,16 +348,10 @@ def load_eagle(path: str | Path, target) -> EagleDraft:
                         "head has no embed_tokens.weight of its own")
     with torch.device("meta"):
         model = EagleDraft(cfg, embed, target.output if cfg.version == 1 else None)
-    expected = model.state_dict()
-    for k, v in expected.items():
-        if k not in sd:
-            raise UserError(f"EAGLE head {src}: missing tensor {k!r}")
-        if tuple(sd[k].shape) != tuple(v.shape):
-            raise UserError(f"EAGLE head {src}: tensor {k!r} has shape {tuple(sd[k].shape)}, config implies "
-                            f"{tuple(v.shape)}")
-    unknown = sorted(set(sd) - set(expected))
-    if unknown:  # e.g. norm_before_fc heads' input_norm: refuse rather than silently drop
-        raise UserError(f"EAGLE head {src}: unexpected tensor {unknown[0]!r} (not part of the EAGLE-{cfg.version} format)")
+    from specbench.models.loading import check_tensors
+
+    # an unknown tensor (e.g. norm_before_fc heads' input_norm) is refused rather than silently dropped
+    check_tensors(sd, model.state_dict(), f"EAGLE head {src}", f" (not part of the EAGLE-{cfg.version} format)")
     if cfg.version == 3:
         sd["d2t"] = sd["d2t"].long()
         ids = torch.arange(cfg.draft_vocab_size) + sd["d2t"]

@@ -129,7 +129,20 @@ def hf_state_dict(model: Transformer) -> dict[str, Tensor]:
 
 
 # ----------------------------------------------------------------------------------------- HF folders
-def _read_weights(folder: Path) -> dict[str, Tensor]:
+def check_tensors(sd: dict[str, Tensor], expected: dict[str, Tensor], source: str, extra_hint: str = "") -> None:
+    """Every expected tensor present with its shape and nothing else; the first misfit is a one-line error."""
+    for k, v in expected.items():
+        if k not in sd:
+            raise UserError(f"{source}: missing tensor {k!r}")
+        if tuple(sd[k].shape) != tuple(v.shape):
+            raise UserError(f"{source}: tensor {k!r} has shape {tuple(sd[k].shape)}, expected {tuple(v.shape)}")
+    unknown = sorted(set(sd) - set(expected))
+    if unknown:
+        raise UserError(f"{source}: unexpected tensor {unknown[0]!r}{extra_hint}")
+
+
+def read_weights(folder: Path) -> dict[str, Tensor]:
+    """All tensors of an HF folder: sharded safetensors with an index, *.safetensors, or pytorch_model*.bin."""
     from safetensors.torch import load_file
 
     index = folder / "model.safetensors.index.json"
@@ -180,7 +193,7 @@ def load_hf_folder(folder: Path, dtype: torch.dtype, device: torch.device, atten
     except json.JSONDecodeError as e:
         raise UserError(f"{cfg_path}: not valid JSON ({e.msg} at line {e.lineno})") from None
     cfg = ModelConfig.from_hf(raw, str(cfg_path))
-    return build_model(cfg, _read_weights(folder), dtype, device, str(folder), attention)
+    return build_model(cfg, read_weights(folder), dtype, device, str(folder), attention)
 
 
 def load_tokenizer(folder: Path):

@@ -29,7 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from specbench.errors import UserError
-from specbench.models.cpu_kernels import Linear
+from specbench.models.cpu_kernels import Linear, linear
+from specbench.models.loading import check_tensors
 
 LM_HEADS = ("own", "shared", "target")
 LAYOUTS = ("vllm", "faster_decoding")
@@ -108,8 +109,6 @@ class MedusaHeads(nn.Module):
         s = self.states(x)
         if self.config.lm_head == "own":
             return torch.stack([head(s[..., i, :]) for i, head in enumerate(self.lm_heads)], dim=-2)
-        from specbench.models.cpu_kernels import linear
-
         return linear(s, self._shared_weight())  # one product for every head: the weight is read once
 
 
@@ -269,13 +268,8 @@ def load_medusa(path: str | Path, target) -> MedusaHeads:
     expected = dict(heads.state_dict())
     if "token_map" in tensors and heads.token_map is None:
         raise UserError(f"Medusa head {src}: a token_map but no truncated_vocab_size below the vocabulary")
-    for k, want in expected.items():
-        if k not in tensors:
-            raise UserError(f"Medusa head {src}: missing tensor {k!r}")
-        if tuple(tensors[k].shape) != tuple(want.shape):
-            raise UserError(f"Medusa head {src}: tensor {k!r} has shape {tuple(tensors[k].shape)}, "
-                            f"expected {tuple(want.shape)} for the target (hidden {t.hidden_size}, vocabulary "
-                            f"{cfg.rows})")
+    check_tensors(tensors, expected, f"Medusa head {src} (for a target of hidden {t.hidden_size}, "
+                  f"head vocabulary {cfg.rows})")
     if heads.token_map is not None:
         tm = tensors["token_map"]
         if int(tm.min()) < 0 or int(tm.max()) >= t.vocab_size:
@@ -301,15 +295,16 @@ def save_medusa(heads: MedusaHeads, folder: str | Path, layout: str = "vllm", dt
     out.mkdir(parents=True, exist_ok=True)
     sd = {k: v.detach().to("cpu") for k, v in heads.state_dict().items()}
     cast = {k: (v if k == "token_map" else v.to(dtype)).contiguous() for k, v in sd.items()}
+    if layout == "faster_decoding" and cfg.head_vocab_size is not None:
+        raise UserError("FasterDecoding's layout has no reduced vocabulary (token_map); export layout=vllm")
+    block = "{h}.{l}.linear." if layout == "faster_decoding" else "blocks.{h}.layers.{l}."
+    t = {}
+    for h in range(cfg.num_heads):
+        for l in range(cfg.num_layers):
+            for p in ("weight", "bias") if cfg.fc_bias else ("weight",):
+                t[block.format(h=h, l=l) + p] = cast[f"blocks.{h}.{l}.{p}"]
     if layout == "faster_decoding":
-        if cfg.head_vocab_size is not None:
-            raise UserError("FasterDecoding's layout has no reduced vocabulary (token_map); export layout=vllm")
-        t = {}
         for h in range(cfg.num_heads):
-            for l in range(cfg.num_layers):
-                t[f"{h}.{l}.linear.weight"] = cast[f"blocks.{h}.{l}.weight"]
-                if cfg.fc_bias:
-                    t[f"{h}.{l}.linear.bias"] = cast[f"blocks.{h}.{l}.bias"]
             if cfg.lm_head == "own":
                 t[f"{h}.{cfg.num_layers}.weight"] = cast[f"lm_heads.{h}.weight"]
             elif cfg.lm_head == "shared":  # FasterDecoding has one head per Medusa head: write copies
@@ -319,12 +314,6 @@ def save_medusa(heads: MedusaHeads, folder: str | Path, layout: str = "vllm", dt
                 "hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, **cfg.extra}
         (out / "config.json").write_text(json.dumps(meta, indent=2))
         return out
-    t = {}
-    for h in range(cfg.num_heads):
-        for l in range(cfg.num_layers):
-            t[f"blocks.{h}.layers.{l}.weight"] = cast[f"blocks.{h}.{l}.weight"]
-            if cfg.fc_bias:
-                t[f"blocks.{h}.layers.{l}.bias"] = cast[f"blocks.{h}.{l}.bias"]
     shared = cfg.lm_head in ("shared", "target")
     if cfg.lm_head == "own":
         for h in range(cfg.num_heads):

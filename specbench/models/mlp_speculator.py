@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from specbench.errors import UserError
 from specbench.models.cpu_kernels import Linear
+from specbench.models.loading import check_tensors, read_weights
 
 
 @dataclass
@@ -117,25 +118,6 @@ def _strip(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k.removeprefix("speculator."): v for k, v in sd.items()}
 
 
-def _read_weights(folder: Path) -> dict[str, Tensor]:
-    from safetensors.torch import load_file
-
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        sd: dict[str, Tensor] = {}
-        for f in files:
-            if not (folder / f).is_file():
-                raise UserError(f"MLP speculator {folder}: shard {f} named in the index is missing")
-            sd.update(load_file(str(folder / f)))
-        return sd
-    if (folder / "model.safetensors").is_file():
-        return load_file(str(folder / "model.safetensors"))
-    if (folder / "pytorch_model.bin").is_file():
-        return torch.load(str(folder / "pytorch_model.bin"), map_location="cpu", weights_only=True)
-    raise UserError(f"MLP speculator {folder}: no model.safetensors, shards with an index, or pytorch_model.bin")
-
-
 def load_mlp_speculator(path: str | Path, target) -> MLPSpeculator:
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
@@ -150,7 +132,7 @@ def load_mlp_speculator(path: str | Path, target) -> MLPSpeculator:
         raise UserError(f"MLP speculator {folder}: emb_dim {cfg.emb_dim} != the target's hidden size {t.hidden_size}")
     if cfg.vocab_size != t.vocab_size:
         raise UserError(f"MLP speculator {folder}: vocab_size {cfg.vocab_size} != the target's {t.vocab_size}")
-    sd = _strip(_read_weights(folder))
+    sd = _strip(read_weights(folder))
     model = MLPSpeculator(cfg)
     expected = model.state_dict()
     if cfg.tie_weights:  # a tied tensor may be stored once: fill the shared names from their source
@@ -160,16 +142,8 @@ def load_mlp_speculator(path: str | Path, target) -> MLPSpeculator:
                 src = f"{kind}.{1 if kind == 'proj' else 0}.{name}"
                 if src in sd and (kind != "proj" or int(i) >= 2):
                     sd[k] = sd[src]
-    for k, want in expected.items():
-        if k not in sd:
-            raise UserError(f"MLP speculator {folder}: missing tensor {k!r}")
-        if tuple(sd[k].shape) != tuple(want.shape):
-            raise UserError(f"MLP speculator {folder}: tensor {k!r} has shape {tuple(sd[k].shape)}, "
-                            f"config implies {tuple(want.shape)}")
-    extra = sorted(set(sd) - set(expected))
-    if extra:
-        raise UserError(f"MLP speculator {folder}: unexpected tensor {extra[0]!r}")
-    model.load_state_dict({k: v.to(target.device, target.dtype) for k, v in sd.items() if k in expected})
+    check_tensors(sd, expected, f"MLP speculator {folder}")
+    model.load_state_dict({k: v.to(target.device, target.dtype) for k, v in sd.items()})
     return model.to(target.device, target.dtype).eval().requires_grad_(False)
 
 
