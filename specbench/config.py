@@ -52,6 +52,7 @@ class RunConfig:
     batch_size: int = 1
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
+    top_k: int = 0  # 0 = off
     seed: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16

@@ -46,6 +46,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def sampling_params(cfg: DictConfig) -> SamplingParams:
+    return SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.get("top_k", 0)))
+
+
 def validate(cfg: DictConfig) -> None:
     if cfg.batch_size < 1:
         raise UserError(f"batch_size={cfg.batch_size}: must be >= 1")
@@ -55,6 +59,8 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"temperature={cfg.temperature}: must be >= 0 (0 = greedy)")
     if not 0 < cfg.top_p <= 1:
         raise UserError(f"top_p={cfg.top_p}: must be in (0, 1]")
+    if cfg.top_k < 0:
+        raise UserError(f"top_k={cfg.top_k}: must be >= 0 (0 = off)")
     if cfg.k < 1:
         raise UserError(f"k={cfg.k}: must be >= 1")
     for key in ("tp", "pp"):
@@ -69,7 +75,7 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"acceptance={cfg.acceptance!r}; valid: {', '.join(RULES)}")
     if cfg.method.get("drafter") is not None:
         try:
-            resolve_rule(str(cfg.acceptance), SamplingParams(float(cfg.temperature), float(cfg.top_p)))
+            resolve_rule(str(cfg.acceptance), sampling_params(cfg))
         except ValueError as e:
             raise UserError(str(e)) from None
 
@@ -157,7 +163,7 @@ def _resolved_config(cfg: DictConfig, target: LoadedModel, device: torch.device,
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resolved["model"]["name"] = cfg.model.name or target.name
     has_drafter = cfg.method.get("drafter") is not None
-    rule = resolve_rule(str(cfg.acceptance), SamplingParams(float(cfg.temperature), float(cfg.top_p))) \
+    rule = resolve_rule(str(cfg.acceptance), sampling_params(cfg)) \
         if has_drafter else None
     resolved.update({"device": str(device), "dtype": str(dtype).removeprefix("torch."),
                      "target": resolved["model"]["name"], "drafter": drafter_info(cfg),
@@ -192,7 +198,7 @@ def run(cfg: DictConfig) -> dict:
     target = get_target(cfg, device, dtype)
     requests = _requests(cfg, target.tokenizer)
     stop = _stop(cfg, target)
-    params = SamplingParams(float(cfg.temperature), float(cfg.top_p))
+    params = sampling_params(cfg)
     drafter = build_drafter(cfg)
     resolved = _resolved_config(cfg, target, device, dtype)
     out = output_dir()

@@ -108,6 +108,16 @@ def test_top_p_nucleus():
     torch.testing.assert_close(p, torch.tensor([1.0, 0.0, 0.0, 0.0]))
 
 
+def test_top_k_then_top_p():
+    logits = torch.log(torch.tensor([0.1, 0.4, 0.3, 0.2]))
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    torch.testing.assert_close(p, torch.tensor([0.0, 4 / 7, 3 / 7, 0.0]))  # 0.4 and 0.3 renormalised
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_k=3, top_p=0.5))  # 0.4/0.9 < 0.5: two kept
+    torch.testing.assert_close(p, torch.tensor([0.0, 4 / 7, 3 / 7, 0.0]))
+    p = target_probs(logits, SamplingParams(temperature=1.0, top_k=4))
+    torch.testing.assert_close(p, torch.tensor([0.1, 0.4, 0.3, 0.2]))
+
+
 def test_exponential_race_samples_the_distribution():
     """Chi-square goodness of fit of sample_from against the distribution it is given."""
     probs = torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05])

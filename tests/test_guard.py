@@ -31,7 +31,7 @@ def _prompts(source: str):
     return load_prompts("jsonl", str(MT_BENCH), per_category=1)[:4]
 
 
-SHAPES = {"eagle3": (3, None), "draft_model": (4, None), "medusa": (4, "cpu_12")}  # (k, tree) recorded per method
+SHAPES = {"eagle3": (3, None), "draft_model": (4, None), "medusa": (4, "cpu_12"), "mlp_speculator": (3, None)}  # (k, tree) recorded per method
 
 
 def measure(lm, method: str, source: str, k: int = 3, max_new: int = 96, tree=None) -> dict:
@@ -39,6 +39,7 @@ def measure(lm, method: str, source: str, k: int = 3, max_new: int = 96, tree=No
     from specbench.drafters.draft_model import DraftModelDrafter
     from specbench.drafters.eagle import EagleDrafter
     from specbench.drafters.medusa import MedusaDrafter
+    from specbench.drafters.mlp_speculator import MLPSpeculatorDrafter
     from specbench.engine.loop import Engine, StopCriteria
     from specbench.core.sampling import SamplingParams
     from specbench.metrics.results import AcceptanceStats
@@ -46,7 +47,7 @@ def measure(lm, method: str, source: str, k: int = 3, max_new: int = 96, tree=No
     tok = lm.tokenizer
     reqs = to_requests(_prompts(source), tok)
     drafter = {"eagle3": lambda: EagleDrafter(), "draft_model": lambda: DraftModelDrafter(),
-               "medusa": lambda: MedusaDrafter(tree=tree)}[method]()
+               "medusa": lambda: MedusaDrafter(tree=tree), "mlp_speculator": lambda: MLPSpeculatorDrafter(tree=tree)}[method]()
 
     def run(d):
         e = Engine(lm.model, tok, batch_size=2, stop=StopCriteria(frozenset({tok.eos_token_id}), max_new),

@@ -156,3 +156,17 @@ def test_nucleus_chain_is_lossless(models):
     stat, crit = chi2(sampled_counts(target, lambda: DraftModelDrafter(model=draft.model), params),
                       exact_distribution(target, params))
     assert stat < crit, (stat, crit)
+
+
+def test_top_k_chains_are_lossless(models):
+    """top-k 2 of V=4: the draft model's and the MLP speculator's sampled chains against the exact top-k target
+    (half the continuations get probability 0: a count there fails the test outright)."""
+    target, draft = models[:2]
+    params = SamplingParams(temperature=0.9, top_k=2)
+    exact = exact_distribution(target, params)
+    assert int((exact == 0).sum()) > V ** L // 2  # the restriction is real
+    for make in (lambda: DraftModelDrafter(model=draft.model), _cases(models)["mlp_speculator_chain"]):
+        counts = sampled_counts(target, make, params)
+        assert float(counts[exact == 0].sum()) == 0
+        stat, crit = chi2(counts, exact)
+        assert stat < crit, (stat, crit)

@@ -155,3 +155,46 @@ def test_greedy_is_token_identical(tiny_lm, tcfg, tmp_path, batch_size, tree):
         assert run(MLPSpeculatorDrafter(path=str(tmp_path / "m"), tree=tree), k) == ref, k
     with pytest.raises(UserError, match="k=5: this MLP speculator has n_predict=4"):
         run(MLPSpeculatorDrafter(path=str(tmp_path / "m")), 5)
+
+
+def test_compact_form_uses_the_targets_tables(tiny_lm, tcfg, tmp_path):
+    """specbench_target_tables: proj / ln stored, emb / head the target's own; the full export writes them in and
+    loads in the plain public layout with the same outputs; a compact file whose inner_dim is not the target's
+    hidden size is a one-line error."""
+    from safetensors.torch import load_file
+
+    from specbench.models.mlp_speculator import MLPSpeculator, MLPSpeculatorConfig, target_tables
+
+    t = tiny_lm.model
+    H, V = tcfg["hidden_size"], tcfg["vocab_size"]
+    cfg = MLPSpeculatorConfig(emb_dim=H, inner_dim=H, vocab_size=V, n_predict=3, scale_input=True, target_tables=True)
+    m = MLPSpeculator(cfg, target_tables(t))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.2)
+    assert not any(k.startswith(("emb.", "head.")) for k in m.state_dict())
+    s, x = torch.randn(2, H), torch.tensor([3, 4])
+    st, want = m.stage(0, m.start(s), x)
+    # the equations by hand with the target's tables
+    e = t.tok_embeddings.weight[x]
+    z = m.proj[0](m.start(s)) + (m.emb_weight / m.state_weight) * e
+    z = z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + 1e-6) * m.ln[0].weight + m.ln[0].bias
+    torch.testing.assert_close(want, torch.nn.functional.gelu(z) @ t.output.weight.T)
+
+    save_mlp_speculator(m, tmp_path / "compact", dtype=torch.float32, compact=True)
+    save_mlp_speculator(m, tmp_path / "full", dtype=torch.float32)
+    raw = json.loads((tmp_path / "compact" / "config.json").read_text())
+    assert raw["specbench_target_tables"] is True
+    assert not any(".emb." in k or ".head." in k for k in load_file(str(tmp_path / "compact" / "model.safetensors")))
+    full = json.loads((tmp_path / "full" / "config.json").read_text())
+    assert "specbench_target_tables" not in full
+    sd = load_file(str(tmp_path / "full" / "model.safetensors"))
+    assert {f"speculator.head.{i}.weight" for i in range(3)} <= set(sd)
+    for folder in ("compact", "full"):
+        back = load_mlp_speculator(tmp_path / folder, t)
+        assert (back.tables is not None) == (folder == "compact")
+        torch.testing.assert_close(back.stage(0, back.start(s), x)[1], want)
+    raw["inner_dim"] = H // 2
+    (tmp_path / "compact" / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(UserError, match=f"needs inner_dim {H // 2} = the target's hidden size {H}"):
+        load_mlp_speculator(tmp_path / "compact", t)

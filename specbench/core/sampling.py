@@ -20,6 +20,7 @@ from torch import Tensor
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
     top_p: float = 1.0
+    top_k: int = 0  # 0 = off; else only the k most likely tokens (applied before top_p, as HF)
 
     @property
     def greedy(self) -> bool:
@@ -94,15 +95,21 @@ def exponential(shape: tuple[int, ...], gen: Gen, device: torch.device) -> Tenso
 
 
 def target_probs(logits: Tensor, params: SamplingParams) -> Tensor:
-    """The distribution decoding samples from: softmax(logits / T) restricted to the top-p nucleus, float32.
+    """The distribution decoding samples from: softmax(logits / T) restricted to the top-k tokens (when
+    top_k > 0) and then to the top-p nucleus, float32.
 
-    logits [..., V] -> probs [..., V]. The nucleus keeps the smallest prefix of tokens sorted by probability
+    logits [..., V] -> probs [..., V]. Top-k keeps the k largest logits (ties at the k-th value kept, as HF's
+    TopKLogitsWarper). The nucleus keeps the smallest prefix of tokens sorted by probability
     whose mass reaches top_p (the token that crosses the threshold is kept), as HF's TopPLogitsWarper does.
     Temperature 0 has no distribution (it is greedy decoding): asking for one is an error, not a division by 0.
     """
     if params.temperature <= 0:
         raise ValueError(f"target_probs needs temperature > 0, got {params.temperature} (0 = greedy: use argmax)")
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    logits = logits.float()
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = logits.topk(params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_p, idx = probs.sort(dim=-1, descending=True)
         cum = sorted_p.cumsum(-1)

@@ -53,7 +53,7 @@ class DraftModelDrafter:
         self.pending = torch.zeros(batch_size, 2, dtype=torch.long, device=self.device)  # [B, 2]
         self.num_pending = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1 or 2
         t = params.temperature if self.temperature is None else self.temperature
-        self.params, self.gen = SamplingParams(t, params.top_p), gen
+        self.params, self.gen = SamplingParams(t, params.top_p, params.top_k), gen
 
     # -------------------------------------------------------------------------------------------- run
     def prefill(self, rows: list[int], admitted: Admitted, target_out) -> None:

@@ -14,24 +14,28 @@ from __future__ import annotations
 
 import torch
 
-from specbench.core.sampling import SamplingParams, sample_from, target_probs
 import json
 from pathlib import Path
 
+from specbench.core.sampling import SamplingParams, sample_from, target_probs
 from specbench.core.types import BatchState, DraftTree
 from specbench.drafters.base import FinalStateDrafter
 from specbench.errors import UserError
 from specbench.models.mlp_speculator import MLPSpeculator, load_mlp_speculator
 
+SHIPPED = Path(__file__).resolve().parent.parent / "weights" / "smollm2-135m-mlp-speculator"
+
 
 class MLPSpeculatorDrafter(FinalStateDrafter):
     def __init__(self, path: str | None = None, tree: dict | None = None, max_draft_len: int = 16,
                  temperature: float | None = None, model: MLPSpeculator | None = None) -> None:
-        """path: an HF MLP speculator folder (config.json + safetensors). tree: null = a chain; {top_k,
-        n_candidates} = fms' candidate tree (null fields: the checkpoint's). temperature: the draft's sampling
-        temperature (null = the run's)."""
+        """path: an HF MLP speculator folder (config.json + safetensors); null = the speculator shipped for the
+        embedded target. tree: null = a chain; {top_k, n_candidates} = fms' candidate tree (null fields: the
+        checkpoint's). temperature: the draft's sampling temperature (null = the run's)."""
         if path is None and model is None:
-            raise UserError("method=mlp_speculator needs method.drafter.path=<an MLP speculator folder>")
+            if not SHIPPED.is_dir():
+                raise UserError("method=mlp_speculator needs method.drafter.path=<an MLP speculator folder>")
+            path = str(SHIPPED)
         self.path, self.max_draft_len, self.temperature, self.model = path, max_draft_len, temperature, model
         self.hidden_layers: tuple[int, ...] = ()
         self.topk: list[int] | None = None
@@ -57,7 +61,12 @@ class MLPSpeculatorDrafter(FinalStateDrafter):
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams, gen) -> None:
         if self.model is None:
-            self.model = load_mlp_speculator(self.path, target)
+            try:
+                self.model = load_mlp_speculator(self.path, target)
+            except UserError as e:
+                hint = (" (the shipped speculator is for the embedded SmolLM2-135M-Instruct; give "
+                        "method.drafter.path=...)" if self.path == str(SHIPPED) else "")
+                raise UserError(f"{e}{hint}") from None
         n = self.model.config.n_predict
         if k > n:
             raise UserError(f"k={k}: this MLP speculator has n_predict={n} stages, so k must be <= {n}")
@@ -65,7 +74,7 @@ class MLPSpeculatorDrafter(FinalStateDrafter):
             raise UserError(f"method.tree.top_k={self.topk}: needs one entry per stage, k={k}")
         self.track(target, batch_size)
         t = params.temperature if self.temperature is None else self.temperature
-        self.params, self.gen = SamplingParams(t, params.top_p), gen
+        self.params, self.gen = SamplingParams(t, params.top_p, params.top_k), gen
 
     def describe(self) -> dict:
         c = self.model.config

@@ -13,6 +13,12 @@ mlp_speculator`, `emb_dim`, `inner_dim` (0 = emb_dim), `n_predict`, `top_k_token
 `tie_weights`, `scale_input`, `vocab_size`) and tensors `emb.i.weight`, `proj.i.weight`, `head.i.weight`,
 `ln.i.weight`, `ln.i.bias`, with or without the `speculator.` prefix, in one safetensors file or shards with
 an index. Tied checkpoints may store a tied tensor once (stage 0 / proj 1) or under every index; both load.
+
+The compact form (`specbench_target_tables: true` in config.json, inner_dim = the target's hidden size): every
+stage's `emb` and `head` are the target's own token embedding and lm_head, not stored; only `proj.i` and
+`ln.i` are in the file (a few MB instead of ~56M parameters per stage for a 49k vocabulary). The full public
+layout, with the target's tables written under every `emb.i` / `head.i`, is what `save_mlp_speculator` writes
+for other engines.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +48,7 @@ class MLPSpeculatorConfig:
     n_candidates: int = 5
     tie_weights: bool = False
     scale_input: bool = False
+    target_tables: bool = False  # emb.i / head.i are the target's embedding / lm_head (the compact form)
     extra: dict = field(default_factory=dict)
 
     @classmethod
@@ -53,20 +61,26 @@ class MLPSpeculatorConfig:
             raise UserError(f"MLP speculator {src}: config.json lacks {e.args[0] if e.args else 'emb_dim'!r}") from None
         inner = int(raw.get("inner_dim") or 0) or emb
         known = {"emb_dim", "hidden_size", "inner_dim", "vocab_size", "n_predict", "top_k_tokens_per_head",
-                 "n_candidates", "tie_weights", "scale_input", "model_type", "architectures"}
+                 "n_candidates", "tie_weights", "scale_input", "model_type", "architectures",
+                 "specbench_target_tables", "torch_dtype"}
         cfg = cls(emb, inner, vocab, n, [int(k) for k in raw.get("top_k_tokens_per_head", [5, 4, 3])],
                   int(raw.get("n_candidates", 5)), bool(raw.get("tie_weights", False)),
-                  bool(raw.get("scale_input", False)), {k: v for k, v in raw.items() if k not in known})
+                  bool(raw.get("scale_input", False)), bool(raw.get("specbench_target_tables", False)),
+                  {k: v for k, v in raw.items() if k not in known})
         if cfg.tie_weights and n < 2:
             raise UserError(f"MLP speculator {src}: tie_weights needs n_predict >= 2, got {n}")
         return cfg
 
-    def to_hf(self, dtype: str = "bfloat16") -> dict:
+    def to_hf(self, dtype: str = "bfloat16", compact: bool = False) -> dict:
+        flag = {"specbench_target_tables": True} if compact else {}
         return {"architectures": ["MLPSpeculatorPreTrainedModel"], "model_type": "mlp_speculator",
                 "emb_dim": self.emb_dim, "inner_dim": self.inner_dim, "vocab_size": self.vocab_size,
                 "n_predict": self.n_predict, "top_k_tokens_per_head": list(self.top_k_tokens_per_head),
                 "n_candidates": self.n_candidates, "tie_weights": self.tie_weights,
-                "scale_input": self.scale_input, "torch_dtype": dtype, **self.extra}
+                "scale_input": self.scale_input, "torch_dtype": dtype, **flag, **self.extra}
+
+
+Tables = tuple[Tensor, Callable[[Tensor], Tensor], Tensor]  # (embedding weight, head, head weight)
 
 
 class RMSNormAffine(nn.Module):
@@ -83,17 +97,26 @@ class RMSNormAffine(nn.Module):
 
 
 class MLPSpeculator(nn.Module):
-    def __init__(self, cfg: MLPSpeculatorConfig) -> None:
+    def __init__(self, cfg: MLPSpeculatorConfig, tables: Tables | None = None) -> None:
+        """tables: the target's (embedding weight [V, I], head: state -> logits, head weight [V, I]), shared by
+        every stage (the compact form; not parameters of this module, so not in its state_dict)."""
         super().__init__()
         self.config = cfg
         n, E, I, V = cfg.n_predict, cfg.emb_dim, cfg.inner_dim, cfg.vocab_size
-        self.emb = nn.ModuleList(nn.Embedding(V, I) for _ in range(n))
+        if cfg.target_tables and tables is None:
+            raise ValueError("a speculator with target_tables needs the target's (embedding, head)")
+        if tables is not None and tuple(tables[0].shape) != (V, I):
+            raise ValueError(f"target tables {tuple(tables[0].shape)} do not fit vocab_size {V} x inner_dim {I}")
+        self.tables = tables
+        if tables is None:
+            self.emb = nn.ModuleList(nn.Embedding(V, I) for _ in range(n))
+            self.head = nn.ModuleList(Linear(I, V, bias=False) for _ in range(n))
         self.proj = nn.ModuleList(Linear(E if i == 0 else I, I, bias=False) for i in range(n))
-        self.head = nn.ModuleList(Linear(I, V, bias=False) for _ in range(n))
         self.ln = nn.ModuleList(RMSNormAffine(I) for _ in range(n))
         if cfg.tie_weights:
             for i in range(1, n):
-                self.emb[i].weight, self.head[i].weight = self.emb[0].weight, self.head[0].weight
+                if tables is None:
+                    self.emb[i].weight, self.head[i].weight = self.emb[0].weight, self.head[0].weight
                 self.ln[i].weight, self.ln[i].bias = self.ln[0].weight, self.ln[0].bias
                 if i >= 2:
                     self.proj[i].weight = self.proj[1].weight
@@ -109,9 +132,23 @@ class MLPSpeculator(nn.Module):
 
     def stage(self, i: int, s: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
         """(state [..., E or I], token ids [...]) -> (new state [..., I], logits [..., V])."""
-        s = self.proj[i](s) + (self.emb_weight / self.state_weight) * self.emb[i](x).to(s.dtype)
+        e = self.emb[i](x) if self.tables is None else F.embedding(x, self.tables[0])
+        s = self.proj[i](s) + (self.emb_weight / self.state_weight) * e.to(s.dtype)
         s = F.gelu(self.ln[i](s))
-        return s, self.head[i](s)
+        return s, (self.head[i](s) if self.tables is None else self.tables[1](s))
+
+    def full_state_dict(self) -> dict[str, Tensor]:
+        """Every tensor of the public layout under its own name (the target's tables copied in when shared)."""
+        sd = dict(self.state_dict())
+        if self.tables is not None:
+            for i in range(self.config.n_predict):
+                sd[f"emb.{i}.weight"], sd[f"head.{i}.weight"] = self.tables[0], self.tables[2]
+        return sd
+
+
+def target_tables(target) -> Tables:
+    """The target's (token embedding weight, lm_head, lm_head weight): a compact speculator's emb / head."""
+    return target.tok_embeddings.weight, target.output, target.output.weight
 
 
 def _strip(sd: dict[str, Tensor]) -> dict[str, Tensor]:
@@ -132,8 +169,11 @@ def load_mlp_speculator(path: str | Path, target) -> MLPSpeculator:
         raise UserError(f"MLP speculator {folder}: emb_dim {cfg.emb_dim} != the target's hidden size {t.hidden_size}")
     if cfg.vocab_size != t.vocab_size:
         raise UserError(f"MLP speculator {folder}: vocab_size {cfg.vocab_size} != the target's {t.vocab_size}")
+    if cfg.target_tables and cfg.inner_dim != t.hidden_size:
+        raise UserError(f"MLP speculator {folder}: specbench_target_tables needs inner_dim {cfg.inner_dim} = the "
+                        f"target's hidden size {t.hidden_size}")
     sd = _strip(read_weights(folder))
-    model = MLPSpeculator(cfg)
+    model = MLPSpeculator(cfg, target_tables(target) if cfg.target_tables else None)
     expected = model.state_dict()
     if cfg.tie_weights:  # a tied tensor may be stored once: fill the shared names from their source
         for k in expected:
@@ -148,13 +188,19 @@ def load_mlp_speculator(path: str | Path, target) -> MLPSpeculator:
 
 
 def save_mlp_speculator(model: MLPSpeculator, folder: str | Path, dtype: torch.dtype = torch.bfloat16,
-                        prefix: str = "speculator.") -> Path:
-    """HF layout: config.json + model.safetensors, every tensor under its own name (tied ones copied)."""
+                        prefix: str = "speculator.", compact: bool = False) -> Path:
+    """HF layout: config.json + model.safetensors, every tensor under its own name (tied ones copied; a
+    speculator on the target's tables gets them written in). `compact=True` (a speculator on the target's
+    tables only): proj / ln stored, `specbench_target_tables: true` in config.json."""
     from safetensors.torch import save_file
 
+    if compact and model.tables is None:
+        raise ValueError("compact=True needs a speculator on the target's tables")
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    sd = {prefix + k: v.detach().to("cpu", dtype).clone().contiguous() for k, v in model.state_dict().items()}
+    src = model.state_dict() if compact else model.full_state_dict()
+    sd = {prefix + k: v.detach().to("cpu", dtype).clone().contiguous() for k, v in src.items()}
     save_file(sd, str(out / "model.safetensors"))
-    (out / "config.json").write_text(json.dumps(model.config.to_hf(str(dtype).removeprefix("torch.")), indent=2))
+    cfg = model.config.to_hf(str(dtype).removeprefix("torch."), compact=compact)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
     return out

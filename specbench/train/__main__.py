@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.errors import UserError
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "train"
-METHODS = ("draft_model", "eagle3", "medusa")
+METHODS = ("draft_model", "eagle3", "medusa", "mlp_speculator")
 
 
 def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
@@ -105,6 +105,51 @@ def build_medusa(cfg: DictConfig, lm, items, prompts):
     return method
 
 
+def build_mlp_speculator(cfg: DictConfig, lm, items, prompts, examples, out: Path):
+    """The method, plus stage 2 (the target's own samples, fms-fsdp) as a second phase when it is on."""
+    from specbench.data.prompts import encode_prompt
+    from specbench.train.mlp_speculator import MLPSpeculatorMethod, sample_sequences
+    from specbench.train.trainer import Phase
+
+    m, s2 = cfg.method, cfg.method.stage2
+    method = MLPSpeculatorMethod(lm.model, lm.tokenizer, n_predict=int(m.n_predict), inner_dim=int(m.inner_dim),
+                                 tables=str(m.tables), tie_weights=bool(m.tie_weights),
+                                 scale_input=bool(m.scale_input), labels=str(m.labels), positions=int(m.positions),
+                                 top_k_tokens_per_head=list(m.top_k_tokens_per_head) if m.top_k_tokens_per_head else None,
+                                 n_candidates=int(m.n_candidates), eval_prompts=prompts, eval_k=int(m.eval_k),
+                                 eval_tree=m.get("eval_tree"), eval_max_new_tokens=int(m.eval_max_new_tokens),
+                                 seed=int(cfg.train.seed))
+    frac = float(s2.start_fraction)
+    if not 0 < frac <= 1:
+        raise UserError(f"train.method.stage2.start_fraction={frac}: must be in (0, 1] (1 = stage 1 only)")
+    start = int(round(frac * int(cfg.train.steps)))
+    phases, parts = None, [items]
+    if start < int(cfg.train.steps):
+        if int(s2.sequences) < 1 or int(s2.new_tokens) < 1 or float(s2.temperature) <= 0 or int(s2.top_k) < 0:
+            raise UserError(f"train.method.stage2: sequences={s2.sequences}, new_tokens={s2.new_tokens} must be >= 1, "
+                            f"temperature={s2.temperature} > 0, top_k={s2.top_k} >= 0")
+        short = [e.prompt for e in examples
+                 if len(encode_prompt(lm.tokenizer, e.prompt)) <= int(s2.prompt_max_tokens)][: int(s2.sequences)]
+        if not short:
+            raise UserError(f"train.method.stage2.prompt_max_tokens={s2.prompt_max_tokens}: no training prompt is "
+                            "that short")
+        sampled = sample_sequences(lm.model, lm.tokenizer, short, new_tokens=int(s2.new_tokens),
+                                   temperature=float(s2.temperature), top_k=int(s2.top_k),
+                                   batch_size=int(s2.batch_size), seed=int(cfg.train.seed),
+                                   cache=out / "stage2.jsonl", progress=bool(cfg.progress))
+        parts.append(sampled)
+        phases = [Phase(0, 0, len(items), 1.0, "stage1"),
+                  Phase(start, len(items), len(items) + len(sampled), float(s2.lr_scale), "stage2")]
+    if cfg.data.teacher in ("cached", "states"):  # final-normed states only (layers=())
+        from specbench.models.loading import cache_root
+        from specbench.train.features import StackedStates, TargetStates
+
+        caches = [(TargetStates(lm.model, p, (), cache_root(cfg.cache_dir), target_id=lm.path,
+                                progress=bool(cfg.progress)), len(p)) for p in parts]
+        method.states = StackedStates(caches) if len(caches) > 1 else caches[0][0]
+    return method, [x for p in parts for x in p], phases
+
+
 def train(cfg: DictConfig) -> dict:
     import torch
 
@@ -135,8 +180,12 @@ def train(cfg: DictConfig) -> dict:
     if cfg.data.teacher not in ("online", "cached", "states"):
         raise UserError(f"data.teacher={cfg.data.teacher!r}; valid: online, cached, states")
     prompts = [Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(held)]
-    build = {"eagle3": build_eagle3, "medusa": build_medusa, "draft_model": build_draft_model}[m.name]
-    method = build(cfg, lm, items, prompts)
+    phases = None
+    if m.name == "mlp_speculator":
+        method, items, phases = build_mlp_speculator(cfg, lm, items, prompts, examples, out)
+    else:
+        build = {"eagle3": build_eagle3, "medusa": build_medusa, "draft_model": build_draft_model}[m.name]
+        method = build(cfg, lm, items, prompts)
     settings = TrainSettings(**OmegaConf.to_container(cfg.train, resolve=True))
     history_log = out / "train_log.jsonl"
 
@@ -145,7 +194,7 @@ def train(cfg: DictConfig) -> dict:
             f.write(json.dumps(row) + "\n")
 
     trainer = Trainer(method, items, settings, out, autocast_ok=dtype == torch.bfloat16, progress=bool(cfg.progress),
-                      on_log=on_log, pad_id=lm.tokenizer.pad_token_id or 0)
+                      on_log=on_log, pad_id=lm.tokenizer.pad_token_id or 0, phases=phases)
     if cfg.resume:
         trainer.try_resume()
     history = trainer.fit()

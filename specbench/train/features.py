@@ -79,7 +79,8 @@ class TeacherTopK:
 
 class TargetStates:
     """The target states a head trains on, per training sequence, cached to disk in chunks: the captured
-    layers' hidden states `aux` [T, L·H] (for EAGLE-3 the low ‖ mid ‖ high capture-before states) and the
+    layers' hidden states `aux` [T, L·H] (for EAGLE-3 the low ‖ mid ‖ high capture-before states; none when
+    `layers` is empty) and the
     final-normed hidden state `normed` [T, H] (what the lm_head sees; target logits over any vocabulary subset
     are one matmul away). Stored in bfloat16 (4.6 KB per token for SmolLM2), keyed like `TeacherTopK`.
     """
@@ -118,10 +119,11 @@ class TargetStates:
                 ids, _ = collate([items[i] for i in group])
                 o = target(ids, None, hidden_layers=self.layers, return_normed=True,
                            logit_index=torch.zeros(len(group), 1, dtype=torch.long))
-                aux = torch.cat(o.hidden, dim=-1)
+                aux = torch.cat(o.hidden, dim=-1) if self.layers else None  # layers=(): the normed states only
                 for j, i in enumerate(group):
                     T = len(items[i].ids)
-                    out[f"{i}.aux"] = aux[j, :T].to(torch.bfloat16).contiguous()
+                    if aux is not None:
+                        out[f"{i}.aux"] = aux[j, :T].to(torch.bfloat16).contiguous()
                     out[f"{i}.normed"] = o.normed[j, :T].to(torch.bfloat16).contiguous()
                     bar.update(T)
             save_file(out, str(path.with_suffix(".tmp")))
@@ -138,14 +140,37 @@ class TargetStates:
             self._loaded[c] = load_file(str(self.dir / f"chunk_{c:05d}.safetensors"))
         return self._loaded[c]
 
-    def get(self, idx: list[int], T: int) -> tuple[Tensor, Tensor]:
-        """aux [B, T, L·H] and normed [B, T, H] (float32, zero-padded to T) for sequences idx."""
+    def get(self, idx: list[int], T: int) -> tuple[Tensor | None, Tensor]:
+        """aux [B, T, L·H] (None when no layers are captured) and normed [B, T, H] (float32, zero-padded to T)
+        for sequences idx."""
         rows = [self._chunk(i // self.chunk) for i in idx]
-        a0, n0 = rows[0][f"{idx[0]}.aux"], rows[0][f"{idx[0]}.normed"]
-        aux = torch.zeros(len(idx), T, a0.shape[-1])
+        n0 = rows[0][f"{idx[0]}.normed"]
+        aux = torch.zeros(len(idx), T, rows[0][f"{idx[0]}.aux"].shape[-1]) if self.layers else None
         normed = torch.zeros(len(idx), T, n0.shape[-1])
         for b, (i, ch) in enumerate(zip(idx, rows)):
-            a, n = ch[f"{i}.aux"], ch[f"{i}.normed"]
-            aux[b, : a.shape[0]] = a.float()
+            n = ch[f"{i}.normed"]
+            if aux is not None:
+                a = ch[f"{i}.aux"]
+                aux[b, : a.shape[0]] = a.float()
             normed[b, : n.shape[0]] = n.float()
         return aux, normed
+
+
+class StackedStates:
+    """Several state caches as one, indexed by position in the concatenation of their sequences (a training
+    run whose later phase trains on other sequences, e.g. the MLP speculator's stage 2)."""
+
+    def __init__(self, parts: list[tuple[TargetStates, int]]) -> None:
+        self.parts, self.starts = [p for p, _ in parts], []
+        lo = 0
+        for _, n in parts:
+            self.starts.append(lo)
+            lo += n
+
+    def get(self, idx: list[int], T: int) -> tuple[Tensor | None, Tensor]:
+        outs = []
+        for i in idx:
+            j = max(j for j, lo in enumerate(self.starts) if lo <= i)
+            outs.append(self.parts[j].get([i - self.starts[j]], T))
+        aux = None if outs[0][0] is None else torch.cat([a for a, _ in outs])
+        return aux, torch.cat([n for _, n in outs])

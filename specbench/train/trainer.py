@@ -50,6 +50,18 @@ class TrainSettings:
     seed: int = 0
 
 
+@dataclass
+class Phase:
+    """A stretch of training from optimizer step `start` on, drawing its batches from items[lo:hi] (in an order
+    seeded by (seed, phase, epoch)) at `lr_scale` times the schedule's learning rate."""
+
+    start: int
+    lo: int
+    hi: int
+    lr_scale: float = 1.0
+    name: str = "train"
+
+
 def lr_factor(step: int, s: TrainSettings) -> float:
     if step < s.warmup:
         return (step + 1) / max(1, s.warmup)
@@ -59,31 +71,41 @@ def lr_factor(step: int, s: TrainSettings) -> float:
 
 class Trainer:
     def __init__(self, method: TrainMethod, items: list[Tokenized], settings: TrainSettings, out_dir: str | Path,
-                 *, autocast_ok: bool = False, progress: bool = True, on_log=None, pad_id: int = 0) -> None:
+                 *, autocast_ok: bool = False, progress: bool = True, on_log=None, pad_id: int = 0,
+                 phases: list[Phase] | None = None) -> None:
         if not items:
             raise ValueError("no training sequences")
         self.method, self.items, self.s = method, items, settings
+        self.phases = phases or [Phase(0, 0, len(items))]
+        if self.phases[0].start != 0 or any(p.hi <= p.lo for p in self.phases) or \
+                any(a.start >= b.start for a, b in zip(self.phases, self.phases[1:])):
+            raise ValueError(f"phases {self.phases}: the first starts at 0, starts increase, each has items")
         self.out = Path(out_dir)
         self.params = [p for p in method.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
-        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda st: lr_factor(st, settings))
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda st: lr_factor(st, settings) * self.phase(st)[1].lr_scale)
         self.step = 0
         self.history: list[dict] = []
         self.autocast = settings.bf16 and autocast_ok
         self.progress, self.on_log, self.pad_id = progress, on_log, pad_id
 
     # ----------------------------------------------------------------------------------------- data
+    def phase(self, step: int) -> tuple[int, Phase]:
+        return max((i, p) for i, p in enumerate(self.phases) if p.start <= step)
+
     def batch(self, step: int, micro: int) -> tuple[Tensor, Tensor, list[int]]:
         """Micro-batch `micro` of optimizer step `step` (deterministic in (seed, step, micro)):
-        ids [B, T], mask [B, T], and the sequences' indices (for cached teacher features)."""
+        ids [B, T], mask [B, T], and the sequences' indices into items (for cached teacher features)."""
+        k, ph = self.phase(step)
         per_step = self.s.batch_size * self.s.grad_accum
-        start = step * per_step + micro * self.s.batch_size
-        N = len(self.items)
+        start = (step - ph.start) * per_step + micro * self.s.batch_size
+        N = ph.hi - ph.lo
         idx = []
         for j in range(start, start + self.s.batch_size):
             epoch, pos = divmod(j, N)
-            g = torch.Generator().manual_seed(self.s.seed * 100003 + epoch)
-            idx.append(int(torch.randperm(N, generator=g)[pos]))
+            g = torch.Generator().manual_seed(self.s.seed * 100003 + epoch + 7919 * k)
+            idx.append(ph.lo + int(torch.randperm(N, generator=g)[pos]))
         return (*collate([self.items[i] for i in idx], self.pad_id), idx)
 
     # --------------------------------------------------------------------------------- checkpoints
@@ -96,7 +118,7 @@ class Trainer:
 
         tmp = self.ckpt_dir.with_name("checkpoint.tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().contiguous() for k, v in self.method.state_dict().items()}, str(tmp / "model.safetensors"))
+        save_file({k: v.detach().clone().contiguous() for k, v in self.method.state_dict().items()}, str(tmp / "model.safetensors"))
         torch.save({"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step},
                    tmp / "trainer.pt")
         (tmp / "history.json").write_text(json.dumps({"settings": asdict(self.s), "history": self.history}))
@@ -147,6 +169,7 @@ class Trainer:
                 tokens += int(mask.sum())
             if self.s.clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.params, self.s.clip)
+            lr = self.opt.param_groups[0]["lr"]  # the rate this step used
             self.opt.step()
             self.sched.step()
             self.step += 1
@@ -154,8 +177,9 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{rate:.0f}", refresh=False)
             if self.step % self.s.log_every == 0 or self.step == end:
-                self._record({"step": self.step, "loss": total, "lr": self.sched.get_last_lr()[0],
-                              "train_tokens_per_s": rate, **extra})
+                self._record({"step": self.step, "loss": total, "lr": lr,
+                              "train_tokens_per_s": rate, **({"phase": self.phase(self.step - 1)[1].name}
+                                                             if len(self.phases) > 1 else {}), **extra})
             if self.s.eval_every and self.step % self.s.eval_every == 0 and self.step < self.s.steps:
                 self._record({"step": self.step, **self.method.evaluate()})
             if self.step % self.s.save_every == 0 or self.step == end:
