@@ -170,3 +170,17 @@ def test_top_k_chains_are_lossless(models):
         assert float(counts[exact == 0].sum()) == 0
         stat, crit = chi2(counts, exact)
         assert stat < crit, (stat, crit)
+
+
+def test_top_k_control_catches_a_verifier_that_ignores_it(models, monkeypatch):
+    """Control: a verifier scoring against the untruncated distribution emits continuations top-k forbids."""
+    import dataclasses
+
+    import specbench.verify as vf
+
+    real = vf.target_probs
+    monkeypatch.setattr(vf, "target_probs", lambda logits, p: real(logits, dataclasses.replace(p, top_k=0)))
+    target, draft = models[:2]
+    params = SamplingParams(temperature=0.9, top_k=2)
+    counts = sampled_counts(target, lambda: DraftModelDrafter(model=draft.model), params)
+    assert float(counts[exact_distribution(target, params) == 0].sum()) > 100

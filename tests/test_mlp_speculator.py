@@ -198,3 +198,15 @@ def test_compact_form_uses_the_targets_tables(tiny_lm, tcfg, tmp_path):
     (tmp_path / "compact" / "config.json").write_text(json.dumps(raw))
     with pytest.raises(UserError, match=f"needs inner_dim {H // 2} = the target's hidden size {H}"):
         load_mlp_speculator(tmp_path / "compact", t)
+
+
+def test_shipped_speculator_is_the_default(tiny_lm):
+    """path=null loads the speculator shipped for the embedded target; on another target that is a one-line
+    error naming the fix."""
+    from specbench.drafters.mlp_speculator import SHIPPED
+
+    d = MLPSpeculatorDrafter()
+    assert d.path == str(SHIPPED) and (SHIPPED / "config.json").is_file()
+    with pytest.raises(UserError, match=r"shipped speculator is for the embedded SmolLM2-135M-Instruct; give "
+                                        r"method.drafter.path=\.\.\."):
+        d.setup(tiny_lm.model, 1, 64, 3, SamplingParams(), None)

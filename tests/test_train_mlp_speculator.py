@@ -140,7 +140,7 @@ def test_train_cli_mlp_speculator(tmp_path, tiny_dir):
     data = write_jsonl(tmp_path / "d.jsonl", recs)
     args = [sys.executable, "-m", "specbench.train", "method=mlp_speculator", f"model.path={tiny_dir}",
             f"data.paths=[{data}]", "data.eval_prompts=2", "train.steps=4", "train.batch_size=2", "progress=false",
-            "dtype=float32", "method.n_predict=3", "method.inner_dim=16", "method.eval_max_new_tokens=8",
+            "dtype=float32", "method.n_predict=3", "method.tables=own", "method.inner_dim=16", "method.tie_weights=true", "method.eval_max_new_tokens=8",
             "method.stage2.start_fraction=0.5", "method.stage2.sequences=3", "method.stage2.new_tokens=6",
             "train.log_every=1", f"cache_dir={tmp_path / 'cache'}", "data.teacher=cached",
             f"hydra.run.dir={tmp_path / 'run'}"]
@@ -148,6 +148,7 @@ def test_train_cli_mlp_speculator(tmp_path, tiny_dir):
     assert p.returncode == 0, p.stderr[-2000:]
     cfg = json.loads((tmp_path / "run" / "model" / "config.json").read_text())
     assert cfg["model_type"] == "mlp_speculator" and cfg["n_predict"] == 3 and cfg["inner_dim"] == 16
+    assert cfg["tie_weights"] is True and "specbench_target_tables" not in cfg
     rows = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert [r["phase"] for r in rows if "phase" in r] == ["stage1", "stage1", "stage2", "stage2"]
     assert len((tmp_path / "run" / "stage2.jsonl").read_text().splitlines()) == 3

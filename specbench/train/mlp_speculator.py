@@ -11,11 +11,12 @@ softmax of the target's logits at t+1+i, self-distillation). The stage losses ar
   generated once before training and cached in the run folder (`stage2.jsonl`, token ids).
 
 Size: a stage's `emb` and `head` are vocabulary x inner_dim tables (2 x 28M parameters for SmolLM2 at 576).
-`tables=own` (default) trains them at a small inner_dim, shared by all stages with fms' `tie_weights`, started
-as the target's embedding on its top-inner_dim principal directions (SmolLM2, inner_dim 96: ~9.5M parameters,
-19 MB bf16, the plain public layout). `tables=target` uses the target's own embedding and lm_head, frozen
-(inner_dim = hidden size; only proj / ln train, a few MB, exported compact + full); it learns far less here,
-because the frozen lm_head must read a GELU output (experiments README). Positions are subsampled
+`tables=target` (default) uses the target's own embedding and lm_head, frozen (inner_dim = hidden size; only proj /
+ln train: ~0.33M parameters per stage for SmolLM2, a few MB, exported compact + full); each proj starts as 4·I,
+so stage 0 starts near GELU(the target's state)·lm_head. Its limit: the frozen lm_head reads a GELU output
+(experiments README section 9). `tables=own` trains them at a small inner_dim, started as the target's
+embedding on its top-inner_dim principal directions (with fms' `tie_weights`, SmolLM2 at inner_dim 96: ~9.5M
+parameters, 19 MB bf16, the plain public layout). Positions are subsampled
 (`positions` per micro-batch, deterministic): each stage's head is a full-vocabulary product. Target states come from a target forward per step (`data.teacher=online`) or a cache of final-normed
 states built once (`cached` / `states`).
 """
@@ -45,8 +46,8 @@ class MLPSpeculatorMethod:
     name = "mlp_speculator"
 
     def __init__(self, target: Transformer, tokenizer, *, n_predict: int = 4, inner_dim: int = 96,
-                 tables: str = "own", tie_weights: bool = True, scale_input: bool = True, labels: str = "tokens",
-                 positions: int = 2048, top_k_tokens_per_head: list[int] | None = None, n_candidates: int = 5,
+                 tables: str = "target", tie_weights: bool = False, scale_input: bool = True,
+                 labels: str = "tokens", positions: int = 512, top_k_tokens_per_head: list[int] | None = None, n_candidates: int = 5,
                  eval_prompts: list | None = None, eval_k: int = 3, eval_tree: dict | None = None,
                  eval_max_new_tokens: int = 48, seed: int = 0) -> None:
         if n_predict < 1 or (tie_weights and n_predict < 2):
