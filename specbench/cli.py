@@ -46,8 +46,22 @@ def _task(cfg: DictConfig) -> None:
         sys.exit(2)
 
 
+def _rank_argv(argv: list[str]) -> list[str]:
+    """Under torchrun only rank 0 writes the run folder: the other ranks' Hydra folders go to a temp dir."""
+    import os
+    import tempfile
+
+    rank = os.environ.get("RANK", "0")
+    if rank == "0":
+        return argv
+    tmp = Path(tempfile.gettempdir()) / f"specbench-rank{rank}-{os.getpid()}"
+    keep = [a for a in argv if not a.startswith(("hydra.run.dir=", "hydra.sweep.dir=", "hydra.output_subdir="))]
+    return keep + [f"hydra.run.dir={tmp}", f"hydra.sweep.dir={tmp}", "hydra.output_subdir=null"]
+
+
 def main() -> None:
     register()
+    sys.argv[1:] = _rank_argv(sys.argv[1:])
     try:
         check_group_overrides(sys.argv[1:])
     except UserError as e:

@@ -46,6 +46,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
+def parallel_sizes(cfg: DictConfig) -> tuple[int, int, int]:
+    p = cfg.parallel
+    return int(p.get("tp", 1)), int(p.get("pp", 1)), int(p.get("draft_tp", 1))
+
+
 def sampling_params(cfg: DictConfig) -> SamplingParams:
     return SamplingParams(float(cfg.temperature), float(cfg.top_p), int(cfg.get("top_k", 0)))
 
@@ -63,9 +68,11 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"top_k={cfg.top_k}: must be >= 0 (0 = off)")
     if cfg.k < 1:
         raise UserError(f"k={cfg.k}: must be >= 1")
-    for key in ("tp", "pp"):
-        if int(cfg.parallel.get(key, 1)) != 1:
-            raise UserError(f"parallel.{key}={cfg.parallel[key]}: only 1 is supported in this version")
+    from specbench.parallel import check_sizes
+
+    check_sizes(*parallel_sizes(cfg))
+    if float(cfg.parallel.get("timeout_s", 120)) <= 0:
+        raise UserError(f"parallel.timeout_s={cfg.parallel.timeout_s}: must be > 0 (seconds)")
     if bool(cfg.parallel.get("async", False)):
         raise UserError("parallel.async=true: asynchronous scheduling is not supported in this version; "
                         "valid: false")
@@ -111,12 +118,24 @@ def drafter_info(cfg: DictConfig) -> dict | None:
             "class": info.get("_target_")}
 
 
-def get_target(cfg: DictConfig, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    key = (cfg.model.path, str(device), dtype, cfg.cache_dir, cfg.model.attention)
+def get_target(cfg: DictConfig, device: torch.device, dtype: torch.dtype, topo=None) -> LoadedModel:
+    """The target, loaded once per process (and per parallel layout: the transforms cut the model)."""
+    from dataclasses import replace
+
+    from specbench.parallel import LOCAL, agree, apply
+
+    topo = topo or LOCAL
+    key = (cfg.model.path, str(device), dtype, cfg.cache_dir, cfg.model.attention, topo.tp, topo.pp)
     if key not in _TARGETS:
         t = time.perf_counter()
-        _TARGETS[key] = load_model(cfg.model.path, dtype, device, cfg.cache_dir, cfg.model.attention)
-        log(f"loaded {_TARGETS[key].name} ({dtype}, {device}) in {time.perf_counter() - t:.1f}s")
+
+        def load() -> LoadedModel:
+            loaded = load_model(cfg.model.path, dtype, device, cfg.cache_dir, cfg.model.attention)
+            return replace(loaded, model=apply(loaded.model, topo))
+
+        _TARGETS[key] = agree(topo, load)  # a rank that fails to load makes every rank fail alike
+        where = f", tp={topo.tp} pp={topo.pp} (rank {topo.rank} of {topo.world})" if topo.parallel else ""
+        log(f"loaded {_TARGETS[key].name} ({dtype}, {device}{where}) in {time.perf_counter() - t:.1f}s")
     return _TARGETS[key]
 
 
@@ -154,7 +173,8 @@ def _stop(cfg: DictConfig, target: LoadedModel) -> StopCriteria:
     return StopCriteria(frozenset(eos), int(cfg.max_new_tokens), tuple(cfg.stop))
 
 
-def _resolved_config(cfg: DictConfig, target: LoadedModel, device: torch.device, dtype: torch.dtype) -> dict:
+def _resolved_config(cfg: DictConfig, target: LoadedModel, device: torch.device, dtype: torch.dtype,
+                     world_size: int = 1) -> dict:
     """The config as it ran: resolved values, device, dtype, the acceptance rule, CPU and kernel choices."""
     from specbench.core.hw import cpu_summary
     from specbench.models import cpu_kernels
@@ -169,6 +189,7 @@ def _resolved_config(cfg: DictConfig, target: LoadedModel, device: torch.device,
                      "target": resolved["model"]["name"], "drafter": drafter_info(cfg),
                      "acceptance_rule": {"rule": rule, "lossless": LOSSLESS[rule] if rule else True},
                      "tp": int(cfg.parallel.get("tp", 1)), "pp": int(cfg.parallel.get("pp", 1)),
+                     "draft_tp": int(cfg.parallel.get("draft_tp", 1)), "world_size": world_size,
                      "async": bool(cfg.parallel.get("async", False))})
     if device.type == "cpu":
         resolved["cpu"] = {**cpu_summary(), "linear": cpu_kernels.describe(dtype)}
@@ -181,36 +202,75 @@ def _timed(engine: Engine, requests: list) -> tuple[list, float]:
     return results, time.perf_counter() - t0
 
 
-def run(cfg: DictConfig) -> dict:
-    """Resolve and load, decode the prompts (speculative, then target-only for the same-run baseline), write
-    results.json and hand it to the sinks."""
-    validate(cfg)
+def _threads(cfg: DictConfig) -> None:
+    """threads, or under torchrun on CPU the cores divided among the local ranks (they must not oversubscribe)."""
+    import os
+
     if cfg.threads:
         torch.set_num_threads(int(cfg.threads))
-    device = resolve_device(cfg.device)
+    elif int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
+
+
+def _shard_drafter(cfg: DictConfig, drafter, topo) -> None:
+    """parallel.draft_tp = tp: the draft model is sharded over the last stage's tp group, like the target."""
+    if topo.draft_tp == 1 or drafter is None:
+        return
+    if not getattr(drafter, "shardable", False):
+        raise UserError(f"parallel.draft_tp={topo.draft_tp}: method={cfg.method.name} has no draft transformer "
+                        f"to shard (only method=draft_model does); valid: parallel.draft_tp=1")
+    from specbench.parallel import tp
+
+    drafter.transform = lambda m: tp.shard(m, topo.tp_rank, topo.tp, topo.comm, topo.draft_group)
+
+
+def _parallel_report(topo, engines: dict) -> dict | None:
+    """Every rank's collective time and step timing, gathered on each (the writer keeps them)."""
+    if not topo.parallel:
+        return None
+    mine = {"rank": topo.rank, "stage": topo.stage, "tp_rank": topo.tp_rank, "layers": list(topo.layers),
+            "runs_drafter": topo.runs_drafter, "comm": {n: c for n, c in engines.items()}}
+    return {**topo.describe(), "ranks": topo.comm.all_gather_object(mine)}
+
+
+def run(cfg: DictConfig) -> dict:
+    """Resolve and load, decode the prompts (speculative, then target-only for the same-run baseline), write
+    results.json and hand it to the sinks. Under torchrun every rank runs this; rank 0 writes and logs."""
+    validate(cfg)
+    _threads(cfg)
+    from specbench.parallel import init, local_device
+
+    device = local_device(resolve_device(cfg.device))
     dtype = resolve_dtype(cfg.dtype, device)
+    tp, pp, draft_tp = parallel_sizes(cfg)
+    topo = init(tp, pp, draft_tp, device, float(cfg.parallel.get("timeout_s", 120)),
+                bool(cfg.parallel.get("sync_timing", False)))
+    writer = topo.rank == 0
     from specbench.models import cpu_kernels
 
     try:
         cpu_kernels.set_mode(str(cfg.model.linear))
     except ValueError as e:
         raise UserError(str(e)) from None
-    target = get_target(cfg, device, dtype)
+    target = get_target(cfg, device, dtype, topo)
     requests = _requests(cfg, target.tokenizer)
     stop = _stop(cfg, target)
     params = sampling_params(cfg)
     drafter = build_drafter(cfg)
-    resolved = _resolved_config(cfg, target, device, dtype)
+    _shard_drafter(cfg, drafter, topo)
+    resolved = _resolved_config(cfg, target, device, dtype, topo.world)
     out = output_dir()
-    out.mkdir(parents=True, exist_ok=True)
-    sinks = build_sinks(OmegaConf.to_container(cfg.logger, resolve=True), resolved, out, sweep_group())
+    sinks = []
+    if writer:
+        out.mkdir(parents=True, exist_ok=True)
+        sinks = build_sinks(OmegaConf.to_container(cfg.logger, resolve=True), resolved, out, sweep_group())
 
     def engine(d, max_new: int = int(cfg.max_new_tokens), on_step=None) -> Engine:
         return Engine(target.model, target.tokenizer, batch_size=int(cfg.batch_size),
                       stop=StopCriteria(stop.eos_ids, max_new, stop.stop_strings), params=params,
-                      seed=int(cfg.seed), progress=bool(cfg.progress) and max_new > 4, drafter=d, k=int(cfg.k),
-                      acceptance=str(cfg.acceptance) if d is not None else "auto",
-                      acceptance_kw=dict(cfg.typical), on_step=on_step)
+                      seed=int(cfg.seed), progress=bool(cfg.progress) and max_new > 4 and writer, drafter=d,
+                      k=int(cfg.k), acceptance=str(cfg.acceptance) if d is not None else "auto",
+                      acceptance_kw=dict(cfg.typical), on_step=on_step, topology=topo)
 
     def on_step(rec) -> None:
         for s in sinks:
@@ -221,23 +281,39 @@ def run(cfg: DictConfig) -> dict:
         if compare:  # warm both paths up (one-time kernel setup) so neither side of the ratio pays it
             engine(drafter, 4).run(requests[:1])
             engine(None, 4).run(requests[:1])
+        if topo.parallel:
+            topo.comm.reset()
         spec = engine(drafter, on_step=on_step)
         results, wall = _timed(spec, requests)
+        comm = {"speculative": {**topo.comm.summary(), "timing": dict(spec.timing)}} if topo.parallel else {}
         baseline = base_results = None
         if compare:
             log("baseline: target-only decoding of the same prompts")
+            if topo.parallel:
+                topo.comm.reset()
             base = engine(None)
             base_results, bwall = _timed(base, requests)
+            if topo.parallel:
+                comm["baseline"] = {**topo.comm.summary(), "timing": dict(base.timing)}
             btokens = sum(r.num_new_tokens for r in base_results)
             baseline = {"tokens_per_s": btokens / bwall, "wall_s": bwall, "new_tokens": btokens,
                         "target_steps": base.num_steps, "timing": dict(base.timing)}
         if hasattr(drafter, "describe"):  # what the drafter resolved at setup (e.g. EAGLE-3's aux layers)
-            resolved["drafter"].update(drafter.describe())
-        doc = build_results(resolved, results, wall, spec.num_steps, baseline, base_results,
-                            extra={"timing": dict(spec.timing)})
-        (out / "results.json").write_text(json.dumps(doc, indent=2))
-        for s in sinks:
-            s.summary(doc)
+            from specbench.parallel import share_outcome
+
+            info = drafter.describe() if topo.runs_drafter else None
+            resolved["drafter"].update(share_outcome(topo, None, info) if topo.parallel else info)
+        extra = {"timing": dict(spec.timing)}
+        report = _parallel_report(topo, comm)
+        if report is not None:
+            extra["parallel"] = report
+        if writer:
+            doc = build_results(resolved, results, wall, spec.num_steps, baseline, base_results, extra=extra)
+            (out / "results.json").write_text(json.dumps(doc, indent=2))
+            for s in sinks:
+                s.summary(doc)
+        else:
+            doc = {}
     finally:
         for s in sinks:
             s.close()

@@ -3,6 +3,7 @@
     cli / run / train / report    compose, build, run, write results
     metrics                       counters, results.json, sinks
     engine                        the decode loop
+    parallel                      TP / PP transforms, the cross-rank messages of one step
     drafters, verify, data        strategies, acceptance rules, prompt sets
     models                        target and drafter modules, checkpoint formats, kernels
     core (+ errors, log, config)  DraftTree, Verdict, BatchState, requests, sampling, CPU facts
@@ -15,7 +16,8 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "specbench"
 LEVEL = {"core": 0, "errors": 0, "log": 0, "config": 0, "models": 1, "drafters": 2, "verify": 2, "data": 2,
-         "engine": 3, "metrics": 4, "run": 5, "train": 5, "report": 5, "cli": 6, "__main__": 7, "__init__": 0}
+         "parallel": 3, "engine": 4, "metrics": 5, "run": 6, "train": 6, "report": 6, "cli": 7, "__main__": 8,
+         "__init__": 0}
 
 
 def _imports(path: Path) -> set[str]:

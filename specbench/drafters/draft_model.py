@@ -23,6 +23,7 @@ SHIPPED = Path(__file__).resolve().parent.parent / "weights" / "smollm2-135m-dra
 
 class DraftModelDrafter:
     hidden_layers: tuple[int, ...] = ()
+    shardable = True  # parallel.draft_tp = tp shards the draft model like the target (see `transform`)
 
     def __init__(self, path: str | None = None, max_draft_len: int = 16, temperature: float | None = None,
                  cache_dir: str | None = None, model=None) -> None:
@@ -35,6 +36,7 @@ class DraftModelDrafter:
             path = str(SHIPPED)  # the draft model shipped for the embedded SmolLM2 target
         self.path, self.max_draft_len, self.temperature = path, max_draft_len, temperature
         self.cache_dir, self.model = cache_dir, model
+        self.transform = None  # set by the run under parallel.draft_tp > 1: applied once to the loaded model
 
     # ------------------------------------------------------------------------------------------ setup
     def max_nodes(self, k: int) -> int:
@@ -44,6 +46,8 @@ class DraftModelDrafter:
               gen: torch.Generator) -> None:
         if self.model is None:
             self.model = load_model(self.path, target.dtype, target.device, self.cache_dir).model
+        if self.transform is not None:
+            self.model, self.transform = self.transform(self.model), None
         m, t = self.model.config, target.config
         if m.vocab_size != t.vocab_size:
             raise UserError(f"draft model {self.path}: vocab_size {m.vocab_size} != target's {t.vocab_size}; "

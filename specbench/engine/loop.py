@@ -39,6 +39,7 @@ from specbench.core.request import Request, RequestResult
 from specbench.core.sampling import RowGenerators, SamplingParams, request_seed, select
 from specbench.errors import UserError
 from specbench.models.transformer import Transformer
+from specbench.parallel import LOCAL, Topology, share_outcome, share_tokens, share_tree, share_verdict
 from specbench.verify import resolve_rule, verify
 
 
@@ -86,6 +87,7 @@ class Engine:
         acceptance: str = "auto",
         acceptance_kw: dict | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
+        topology: Topology = LOCAL,
     ) -> None:
         if batch_size < 1:
             raise UserError(f"batch_size={batch_size}: must be >= 1")
@@ -102,6 +104,7 @@ class Engine:
         self.device = target.device
         self.hidden_layers = tuple(drafter.hidden_layers) if drafter is not None else ()
         self.on_step = on_step
+        self.topo = topology  # under tp / pp: the leader verifies and drafts, every rank follows its messages
 
     # ------------------------------------------------------------------------------------------ checks
     def check(self, requests: list[Request]) -> None:
@@ -157,9 +160,15 @@ class Engine:
             host_lens=self.host_lens,
             k=self.k,
         )
-        if self.drafter is not None:
-            self.drafter.setup(self.target, B, max_len, self.k, self.params, self.gen)
-            self.hidden_layers = tuple(self.drafter.hidden_layers)  # may depend on the target (EAGLE-3 aux layers)
+        if self.drafter is not None:  # capture layers may depend on the target (EAGLE-3's aux layers)
+            error, layers = None, None
+            if self.topo.runs_drafter:
+                try:
+                    self.drafter.setup(self.target, B, max_len, self.k, self.params, self.gen)
+                    layers = tuple(self.drafter.hidden_layers)
+                except UserError as e:
+                    error = str(e)
+            self.hidden_layers = share_outcome(self.topo, error, layers)
         self.num_steps = 0  # target forwards after the prefills
         self.timing = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "step_s": 0.0}
 
@@ -237,12 +246,13 @@ class Engine:
             rows.seq_lens.zero_()
             last = torch.tensor(lens, device=self.device)[:, None] - 1  # [R, 1]
             tout = self.target(ids, rows, kv_len=P, logit_index=last, hidden_layers=self.hidden_layers)
-            tok = select(tout.logits, self.params, self.gen.rows(lo, hi))  # [R, 1]
+            tok = select(tout.logits, self.params, self.gen.rows(lo, hi)) if self.topo.is_leader else None
+            tok = share_tokens(self.topo, tok, hi - lo, self.device)  # [R, 1]
             rows.seq_lens.copy_(last[:, 0] + 1)
             st.last[lo:hi] = tok
             st.active[lo:hi] = 1
             self.host_lens[lo:hi] = lens
-            if self.drafter is not None:
+            if self.drafter is not None and self.topo.runs_drafter:
                 self.drafter.prefill(list(range(lo, hi)), Admitted(st, ids, lens), tout)
             firsts.append(tok[:, 0])
             out += [(b, RequestResult(request=req, t_admit=t_admit)) for b, req in run]
@@ -260,7 +270,12 @@ class Engine:
         draft depth (equal for chains)."""
         st = self.state
         t = time.perf_counter()
-        tree = self.drafter.propose(st) if self.drafter is not None else DraftTree.empty(len(slots), self.device)
+        B, topo = len(slots), self.topo
+        if self.drafter is None:
+            tree = DraftTree.empty(B, self.device)
+        else:  # drafted on the leader (and a sharded drafter's peers), sent to every rank
+            tree = share_tree(topo, self.drafter.propose(st) if topo.runs_drafter else None, B, self.max_nodes,
+                              self.device)
         self._t_draft = time.perf_counter() - t
         N = tree.num_nodes
         inputs = torch.cat([st.last, tree.tokens.clamp(min=0)], 1)  # [B, 1+N]: root, then the nodes
@@ -277,13 +292,14 @@ class Engine:
                           hidden_layers=self.hidden_layers)
         self.num_steps += 1
         verdict = verify(tree, out.logits, self.params, self.gen, self.rule, draws=self.max_nodes,
-                         **self.acceptance_kw)
+                         **self.acceptance_kw) if topo.is_leader else None
+        verdict = share_verdict(topo, verdict, B, tree.depth, self.device)  # every stage commits the same
         if not tree.is_chain and tree.depth > 0:  # move the accepted path right after the root
             dst0 = st.seq_lens + 1
             own = dst0[:, None] + torch.arange(tree.depth, device=self.device)
             src = torch.where(verdict.accepted_nodes >= 0, dst0[:, None] + verdict.accepted_nodes, own)
             self.cache.compact(src, dst0)
-        if self.drafter is not None:
+        if self.drafter is not None and topo.runs_drafter:
             self.drafter.commit(verdict, st, out)
         st.seq_lens += (1 + verdict.num_accepted) * st.active  # commit root + accepted drafts
         st.last.copy_(verdict.tokens.gather(1, verdict.num_accepted[:, None]))

@@ -189,6 +189,7 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.attention = "sdpa"  # set by the loader via attention.choose_backend
         self.rotary = Rotary(rope_inv_freq(cfg))
+        self.layer_offset = 0  # global id of self.layers[0]: a pipeline stage holds a slice of the layers
 
     @property
     def dtype(self) -> torch.dtype:
@@ -199,9 +200,12 @@ class Transformer(nn.Module):
         return self.tok_embeddings.weight.device
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """A cache for the layers and KV heads this module holds (a pipeline stage or tensor-parallel shard
+        holds fewer of either than the config describes)."""
         c = self.config
         self.rotary.ensure(max_len, self.dtype)
-        return KVCache(c.num_layers, batch_size, c.num_kv_heads, max_len, c.head_dim, self.dtype, self.device)
+        n_kv = self.layers[0].attn.n_kv if len(self.layers) else c.num_kv_heads
+        return KVCache(len(self.layers), batch_size, n_kv, max_len, c.head_dim, self.dtype, self.device)
 
     def forward(
         self,
@@ -221,6 +225,15 @@ class Transformer(nn.Module):
         sync; attention reads only that many slots. Example: prefill two prompts of lengths 5 and 3 with
         right padding: input_ids [2, 5], cache.seq_lens = [0, 0], kv_len = 5, logit_index = [[4], [2]].
         """
+        ctx = self.prepare(input_ids, cache, kv_len, positions, tree_mask)
+        x, got = self.run_layers(self.tok_embeddings(input_ids), ctx, cache, set(hidden_layers))
+        logits, normed = self.head(x, logit_index, return_normed)
+        return TargetOutput(logits=logits, hidden=[got[i] for i in hidden_layers], normed=normed)
+
+    # The three pieces of a forward, so a pipeline stage (specbench.parallel) can run only its own part.
+    def prepare(self, input_ids: Tensor, cache: KVCache | None, kv_len: int | None, positions: Tensor | None,
+                tree_mask: Tensor | None) -> tuple:
+        """RoPE tables, cache write slots and the attention mask shared by every layer of one forward."""
         B, T = input_ids.shape
         if cache is None:
             pos = torch.arange(T, device=input_ids.device).expand(B, T) if positions is None else positions
@@ -239,20 +252,28 @@ class Transformer(nn.Module):
             rows = torch.arange(B, device=input_ids.device)[:, None].expand(B, T)
             write_at = (rows, slots)  # cache.write's advanced index, built once for all layers
         cos, sin = self.rotary.at(pos)  # [B, T, 1, D]; sin with rotate_half's sign folded in
-        x = self.tok_embeddings(input_ids)
-        hidden: list[Tensor] = []
-        capture = set(hidden_layers)
+        return cos, sin, write_at, meta
+
+    def run_layers(self, x: Tensor, ctx: tuple, cache: KVCache | None, capture: set[int]) -> tuple[Tensor, dict]:
+        """Run the layers this module holds; -> (output, {layer id: state captured before that layer}).
+
+        Ids are global (`layer_offset` is the id of self.layers[0]); id N (= num_layers) is the last layer's
+        output, captured by whichever module holds the last layer. The cache is indexed by local layer."""
+        cos, sin, write_at, meta = ctx
+        got: dict[int, Tensor] = {}
         for i, layer in enumerate(self.layers):
-            if i in capture:
-                hidden.append(x)
+            if self.layer_offset + i in capture:
+                got[self.layer_offset + i] = x
             x = layer(x, cos, sin, cache, i, write_at, meta)
-        if len(self.layers) in capture:
-            hidden.append(x)
-        if capture:  # return in the order asked for
-            order = sorted(capture)
-            hidden = [hidden[order.index(i)] for i in hidden_layers]
+        end = self.layer_offset + len(self.layers)
+        if end == self.config.num_layers and end in capture:
+            got[end] = x
+        return x, got
+
+    def head(self, x: Tensor, logit_index: Tensor | None, return_normed: bool) -> tuple[Tensor, Tensor | None]:
+        """Final norm and lm_head over the positions `logit_index` picks (all when None)."""
         h = self.norm(x)
         normed = h if return_normed else None
         if logit_index is not None:
             h = torch.gather(h, 1, logit_index[:, :, None].expand(-1, -1, h.shape[-1]))
-        return TargetOutput(logits=self.output(h), hidden=hidden, normed=normed)
+        return self.output(h), normed

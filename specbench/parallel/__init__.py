@@ -1,0 +1,24 @@
+"""Tensor and pipeline parallelism on torch.distributed (gloo on CPU, NCCL on CUDA), launched by torchrun.
+
+`topology` says which rank does what and times the collectives; `tp` and `pp` are transforms of a loaded
+model (the model code knows nothing of ranks); `step` holds the messages that keep every rank's loop in
+lockstep (the draft tree, the verdict, a prefill's first tokens), all broadcast from one rank.
+"""
+
+from specbench.parallel.step import agree, share_outcome, share_tokens, share_tree, share_verdict
+from specbench.parallel.topology import LOCAL, Comm, Topology, check_sizes, init, launched_world, local_device
+
+__all__ = ["LOCAL", "Comm", "Topology", "agree", "check_sizes", "init", "launched_world", "local_device",
+           "share_outcome", "share_tokens", "share_tree", "share_verdict", "apply"]
+
+
+def apply(model, topo: Topology):
+    """Shard `model` (a loaded Transformer) for this rank: tensor parallel over its stage's tp group, then cut
+    to its pipeline stage. Returns what the engine calls as the target (the model itself when pp = 1)."""
+    from specbench.parallel import pp, tp
+
+    if topo.tp > 1:
+        tp.shard(model, topo.tp_rank, topo.tp, topo.comm, topo.tp_group)
+    if topo.pp > 1:
+        return pp.StageModel(model, topo)
+    return model
