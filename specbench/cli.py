@@ -42,8 +42,31 @@ def _task(cfg: DictConfig) -> None:
 
         run(cfg)
     except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        _leave_together()
         sys.exit(2)
+
+
+def _leave_together() -> None:
+    """Under torchrun every rank raised the same error (checks are agreed on): wait until all have printed it,
+    then exit 2 at once. torchrun stops the other ranks as soon as one has exited; a rank stopped that way
+    after it reported the error still exits 2 (its SIGTERM handler), so every rank's status is the error's."""
+    import os
+    import signal
+
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(2))
+    try:
+        dist.barrier()
+        dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - a peer already gone: exit anyway
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(2)
 
 
 def _rank_argv(argv: list[str]) -> list[str]:

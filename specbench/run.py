@@ -71,8 +71,6 @@ def validate(cfg: DictConfig) -> None:
     from specbench.parallel import check_sizes
 
     check_sizes(*parallel_sizes(cfg))
-    if float(cfg.parallel.get("timeout_s", 120)) <= 0:
-        raise UserError(f"parallel.timeout_s={cfg.parallel.timeout_s}: must be > 0 (seconds)")
     if bool(cfg.parallel.get("async", False)):
         raise UserError("parallel.async=true: asynchronous scheduling is not supported in this version; "
                         "valid: false")
@@ -212,18 +210,6 @@ def _threads(cfg: DictConfig) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["LOCAL_WORLD_SIZE"])))
 
 
-def _shard_drafter(cfg: DictConfig, drafter, topo) -> None:
-    """parallel.draft_tp = tp: the draft model is sharded over the last stage's tp group, like the target."""
-    if topo.draft_tp == 1 or drafter is None:
-        return
-    if not getattr(drafter, "shardable", False):
-        raise UserError(f"parallel.draft_tp={topo.draft_tp}: method={cfg.method.name} has no draft transformer "
-                        f"to shard (only method=draft_model does); valid: parallel.draft_tp=1")
-    from specbench.parallel import tp
-
-    drafter.transform = lambda m: tp.shard(m, topo.tp_rank, topo.tp, topo.comm, topo.draft_group)
-
-
 def _parallel_report(topo, engines: dict) -> dict | None:
     """Every rank's collective time and step timing, gathered on each (the writer keeps them)."""
     if not topo.parallel:
@@ -236,14 +222,18 @@ def _parallel_report(topo, engines: dict) -> dict | None:
 def run(cfg: DictConfig) -> dict:
     """Resolve and load, decode the prompts (speculative, then target-only for the same-run baseline), write
     results.json and hand it to the sinks. Under torchrun every rank runs this; rank 0 writes and logs."""
-    validate(cfg)
-    _threads(cfg)
-    from specbench.parallel import init, local_device
+    from specbench.parallel import agree, init, join, local_device, shard_drafter
 
     device = local_device(resolve_device(cfg.device))
+    timeout = float(cfg.parallel.get("timeout_s", 120))
+    if timeout <= 0:
+        raise UserError(f"parallel.timeout_s={cfg.parallel.timeout_s}: must be > 0 (seconds)")
+    join(device, timeout)  # under torchrun: every rank fails alike below
+    agree(None, lambda: validate(cfg))
+    _threads(cfg)
     dtype = resolve_dtype(cfg.dtype, device)
     tp, pp, draft_tp = parallel_sizes(cfg)
-    topo = init(tp, pp, draft_tp, device, float(cfg.parallel.get("timeout_s", 120)),
+    topo = init(tp, pp, draft_tp, device, timeout,
                 bool(cfg.parallel.get("sync_timing", False)))
     writer = topo.rank == 0
     from specbench.models import cpu_kernels
@@ -256,8 +246,8 @@ def run(cfg: DictConfig) -> dict:
     requests = _requests(cfg, target.tokenizer)
     stop = _stop(cfg, target)
     params = sampling_params(cfg)
-    drafter = build_drafter(cfg)
-    _shard_drafter(cfg, drafter, topo)
+    drafter = agree(topo, lambda: build_drafter(cfg))
+    agree(topo, lambda: shard_drafter(drafter, topo, str(cfg.method.name)))
     resolved = _resolved_config(cfg, target, device, dtype, topo.world)
     out = output_dir()
     sinks = []

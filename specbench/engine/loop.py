@@ -246,7 +246,7 @@ class Engine:
             rows.seq_lens.zero_()
             last = torch.tensor(lens, device=self.device)[:, None] - 1  # [R, 1]
             tout = self.target(ids, rows, kv_len=P, logit_index=last, hidden_layers=self.hidden_layers)
-            tok = select(tout.logits, self.params, self.gen.rows(lo, hi)) if self.topo.is_leader else None
+            tok = select(tout.logits, self.params, self.gen.rows(lo, hi)) if self.topo.runs_drafter else None
             tok = share_tokens(self.topo, tok, hi - lo, self.device)  # [R, 1]
             rows.seq_lens.copy_(last[:, 0] + 1)
             st.last[lo:hi] = tok
@@ -292,7 +292,7 @@ class Engine:
                           hidden_layers=self.hidden_layers)
         self.num_steps += 1
         verdict = verify(tree, out.logits, self.params, self.gen, self.rule, draws=self.max_nodes,
-                         **self.acceptance_kw) if topo.is_leader else None
+                         **self.acceptance_kw) if topo.runs_drafter else None
         verdict = share_verdict(topo, verdict, B, tree.depth, self.device)  # every stage commits the same
         if not tree.is_chain and tree.depth > 0:  # move the accepted path right after the root
             dst0 = st.seq_lens + 1

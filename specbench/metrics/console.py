@@ -12,6 +12,8 @@ def format_summary(doc: dict) -> str:
     rows = [
         ("method", f"{c.get('method', {}).get('name', '?')}  (k={c.get('k')})"),
         ("target", f"{c.get('model', {}).get('name', '?')}  {c.get('dtype')} on {c.get('device')}"),
+        *([("parallel", f"tp={c.get('tp')} pp={c.get('pp')} draft_tp={c.get('draft_tp')} "
+                        f"(world {c.get('world_size')})")] if (c.get("world_size") or 1) > 1 else []),
         ("requests / batch", f"{len(doc['requests'])} / {c.get('batch_size')}"),
         ("new tokens", str(t["new_tokens"])),
         ("target steps", str(t["target_steps"])),

@@ -6,10 +6,10 @@ lockstep (the draft tree, the verdict, a prefill's first tokens), all broadcast 
 """
 
 from specbench.parallel.step import agree, share_outcome, share_tokens, share_tree, share_verdict
-from specbench.parallel.topology import LOCAL, Comm, Topology, check_sizes, init, launched_world, local_device
+from specbench.parallel.topology import LOCAL, Comm, Topology, check_sizes, init, join, launched_world, local_device
 
-__all__ = ["LOCAL", "Comm", "Topology", "agree", "check_sizes", "init", "launched_world", "local_device",
-           "share_outcome", "share_tokens", "share_tree", "share_verdict", "apply"]
+__all__ = ["LOCAL", "Comm", "Topology", "agree", "check_sizes", "init", "join", "launched_world", "local_device",
+           "share_outcome", "share_tokens", "share_tree", "share_verdict", "apply", "shard_drafter"]
 
 
 def apply(model, topo: Topology):
@@ -22,3 +22,18 @@ def apply(model, topo: Topology):
     if topo.pp > 1:
         return pp.StageModel(model, topo)
     return model
+
+
+def shard_drafter(drafter, topo: Topology, method: str) -> None:
+    """draft_tp = tp: the drafter's model is sharded over the last stage's tp group like the target, once it
+    is loaded (the drafter applies `drafter.transform`). Only drafters with their own transformer can be."""
+    from specbench.errors import UserError
+
+    if topo.draft_tp == 1 or drafter is None:
+        return
+    if not getattr(drafter, "shardable", False):
+        raise UserError(f"parallel.draft_tp={topo.draft_tp}: method={method} has no draft transformer to shard "
+                        f"(only method=draft_model does); valid: parallel.draft_tp=1")
+    from specbench.parallel import tp
+
+    drafter.transform = lambda m: tp.shard(m, topo.tp_rank, topo.tp, topo.comm, topo.draft_group)

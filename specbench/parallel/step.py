@@ -37,7 +37,7 @@ def share_tree(topo: Topology, tree: DraftTree | None, batch: int, max_nodes: in
         buf[:batch, 2 * M] = tree.lens
         buf[batch, :4] = torch.tensor([N, tree.depth, tree.width, int(tree.is_chain)])
     topo.comm.broadcast(buf, topo.leader)
-    if topo.is_leader:
+    if tree is not None:  # a rank that drafted keeps its own tree (with q, for its verify): the leader's twin
         return tree
     N, depth, width, chain = buf[batch, :4].tolist()
     return DraftTree(buf[:batch, :N].clone(), buf[:batch, M:M + N].clone(), buf[:batch, 2 * M].clone(), None,
@@ -45,6 +45,8 @@ def share_tree(topo: Topology, tree: DraftTree | None, batch: int, max_nodes: in
 
 
 def share_verdict(topo: Topology, verdict: Verdict | None, batch: int, depth: int, device) -> Verdict:
+    """The leader's verdict, on every rank (the sharded drafter's peers verify too, only to draw the same random
+    numbers as the leader and keep their generators in step with it; their own verdict is then replaced)."""
     if not topo.parallel:
         return verdict
     K = depth
@@ -60,7 +62,7 @@ def share_verdict(topo: Topology, verdict: Verdict | None, batch: int, depth: in
 
 
 def share_tokens(topo: Topology, tokens: torch.Tensor | None, rows: int, device) -> torch.Tensor:
-    """A prefill's first tokens [R, 1], picked on the leader."""
+    """A prefill's first tokens [R, 1], picked on the leader (and, to stay in step, by the drafter's peers)."""
     if not topo.parallel:
         return tokens
     buf = tokens.contiguous() if topo.is_leader else torch.empty(rows, 1, dtype=torch.long, device=device)
@@ -76,17 +78,26 @@ def share_outcome(topo: Topology, error: str | None, value=None):
     return value
 
 
-def agree(topo: Topology, fn):
+def agree(topo: Topology | None, fn):
     """Run `fn` on every rank; if it raised a UserError on any rank, raise the first such error on all of them
-    (a check that fails on one rank only would otherwise leave the others waiting in the next collective)."""
+    (a check that fails on one rank only would otherwise leave the others waiting in the next collective).
+    topo None: over the whole process group when one is joined (checks made before the Topology exists)."""
+    import torch.distributed as dist
+
     error, value = None, None
     try:
         value = fn()
     except UserError as e:
         error = str(e)
-    if topo.parallel:
-        errors = [e for e in topo.comm.all_gather_object(error) if e is not None]
-        error = errors[0] if errors else None
+    if topo is not None and topo.parallel:
+        errors = topo.comm.all_gather_object(error)
+    elif topo is None and dist.is_initialized():
+        errors = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, error)
+    else:
+        errors = [error]
+    errors = [e for e in errors if e is not None]
+    error = errors[0] if errors else None
     if error is not None:
         raise UserError(error)
     return value

@@ -7,14 +7,17 @@ hidden states to stage s+1's tp_rank r.
 The *leader* is the first rank of the last stage. It holds the logits, so it runs the acceptance rule and
 (with draft_tp=1) the drafter, and every cross-rank message of a step (the draft tree, the verdict, a
 prefill's first tokens) is broadcast from it: ranks never compute a decision of their own, so they cannot
-disagree. With draft_tp=tp every rank of the last stage runs the (sharded) drafter; the leader's proposal is
-still the one broadcast. Why the last stage and not stage 0: the drafters read the target's final states and
+disagree. With draft_tp=tp every rank of the last stage runs the (sharded) drafter, and also picks tokens and
+runs the acceptance rule like the leader, only so that its per-row generators consume the same random numbers
+(its drafter's next draws must equal the leader's, or the sharded draft model would mix two histories); the
+leader's proposal and verdict are still the ones every rank follows. Why the last stage and not stage 0: the drafters read the target's final states and
 logits (EAGLE's features, Medusa's and the MLP speculator's last state), which exist only there; proposing
 there saves sending them back to stage 0 every step (vLLM and SGLang place the drafter there too).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections import defaultdict
@@ -176,24 +179,40 @@ def local_device(device: torch.device) -> torch.device:
     return device
 
 
-def init(tp: int, pp: int, draft_tp: int, device: torch.device, timeout_s: float = 120.0,
-         sync_timing: bool = False) -> Topology:
-    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA) and make the tp groups.
+def _shutdown() -> None:
+    """Leave the process group before the interpreter exits (a live gloo group at exit aborts the process)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+        _GROUPS.clear()
 
-    A peer that dies or stops answering makes every collective fail after `timeout_s`, so no rank hangs
-    (torchrun also stops the others as soon as one exits with an error)."""
-    check_sizes(tp, pp, draft_tp)
+
+def join(device: torch.device, timeout_s: float = 120.0) -> bool:
+    """Under torchrun with several processes, join the process group (gloo on CPU, NCCL on CUDA) that every
+    later message uses; True when joined. Joining before any check lets a bad value be agreed on by every
+    rank (`step.agree`) so all of them report it and exit together."""
     world = launched_world()
     if world is None or world == 1:
-        return LOCAL
+        return False
     if not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    rank = dist.get_rank()
+        atexit.register(_shutdown)
+    return True
+
+
+def init(tp: int, pp: int, draft_tp: int, device: torch.device, timeout_s: float = 120.0,
+         sync_timing: bool = False) -> Topology:
+    """This rank's Topology: join the process group torchrun set up and make the tp groups.
+
+    A peer that dies or stops answering makes every collective fail after `timeout_s`, so no rank hangs
+    (torchrun also stops the others as soon as one exits with an error)."""
+    check_sizes(tp, pp, draft_tp)
+    if not join(device, timeout_s):
+        return LOCAL
+    world, rank = dist.get_world_size(), dist.get_rank()
     if (tp, pp) not in _GROUPS:  # every rank creates every group, in the same order
         _GROUPS[(tp, pp)] = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(pp)]
     groups = _GROUPS[(tp, pp)]
-    topo = Topology(tp, pp, draft_tp, rank, world, Comm(device, sync_timing), groups[rank // tp], groups[-1])
-    return topo
+    return Topology(tp, pp, draft_tp, rank, world, Comm(device, sync_timing), groups[rank // tp], groups[-1])
