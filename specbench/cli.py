@@ -59,14 +59,20 @@ def _leave_together() -> None:
     if not dist.is_initialized():
         return
     signal.signal(signal.SIGTERM, lambda *_: os._exit(2))
-    try:
-        dist.barrier()
-        dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - a peer already gone: exit anyway
-        pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(2)
+    from specbench.parallel import leave
+
+    leave(2)
+
+
+def _leave_after_success() -> None:
+    """Under torchrun, once every job has run: all ranks leave the group together and exit 0 (see
+    `parallel.leave` for why the interpreter's teardown is skipped)."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        from specbench.parallel import leave
+
+        leave(0)
 
 
 def _rank_argv(argv: list[str]) -> list[str]:
@@ -93,6 +99,7 @@ def main() -> None:
     app = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_task)
     try:
         app()
+        _leave_after_success()
     except SystemExit as e:
         # Hydra exits 1 on a config it cannot compose (bad override, wrong type): that is bad input too
         if e.code == 1 and not _in_task["flag"]:

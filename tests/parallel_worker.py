@@ -95,3 +95,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    if parallel.launched_world():
+        parallel.leave(0)

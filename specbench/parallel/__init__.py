@@ -6,10 +6,11 @@ lockstep (the draft tree, the verdict, a prefill's first tokens), all broadcast 
 """
 
 from specbench.parallel.step import agree, share_outcome, share_tokens, share_tree, share_verdict
-from specbench.parallel.topology import LOCAL, Comm, Topology, check_sizes, init, join, launched_world, local_device
+from specbench.parallel.topology import (LOCAL, Comm, Topology, check_sizes, init, join, launched_world, leave,
+                                         local_device)
 
-__all__ = ["LOCAL", "Comm", "Topology", "agree", "check_sizes", "init", "join", "launched_world", "local_device",
-           "share_outcome", "share_tokens", "share_tree", "share_verdict", "apply", "shard_drafter"]
+__all__ = ["LOCAL", "Comm", "Topology", "agree", "check_sizes", "init", "join", "launched_world", "leave",
+           "local_device", "share_outcome", "share_tokens", "share_tree", "share_verdict", "apply", "shard_drafter"]
 
 
 def apply(model, topo: Topology):

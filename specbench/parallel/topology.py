@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -184,6 +185,30 @@ def _shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
         _GROUPS.clear()
+
+
+def leave(code: int) -> NoReturn:
+    """End this rank's process under torchrun: wait for every rank at a barrier (no collective is then in
+    flight anywhere), leave the group, flush, and exit `code` at once.
+
+    Exiting without the interpreter's teardown is deliberate: the process groups are still referenced by the
+    sharded model's hooks, and a gloo group torn down during finalization (its worker threads alive while C++
+    statics are destroyed) can abort the process with "terminate called without an active exception" after a
+    run that succeeded. A peer already gone (the barrier fails) turns a 0 into 1."""
+    import logging
+    import sys
+
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a peer already gone: leave anyway
+            code = code or 1
+        _GROUPS.clear()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def join(device: torch.device, timeout_s: float = 120.0) -> bool:
