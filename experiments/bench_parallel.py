@@ -13,7 +13,7 @@ Targets: the embedded SmolLM2-135M (9 heads / 3 KV heads: tp=3 splits it, tp=2 d
 random-weight model of the same size with 8 / 4 heads (head_dim 72, the same matrices otherwise), built once
 under the cache dir. Its outputs are meaningless; its step costs are those of a 135M model.
 
-Reproduce (writes experiments/results/bench_parallel.md and .json; ~6 min here):
+Reproduce (writes experiments/results/bench_parallel.md and .json; ~8 min here):
     python experiments/bench_parallel.py --limit 2 --max-new-tokens 32
 """
 
@@ -34,16 +34,18 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "experiments" / "results"
 
-# (label, target, tp, pp, threads per rank)
+# (label, target, tp, pp, threads per rank, parallel.allreduce)
 LAYOUTS = [
-    ("tp1 (1 thread)", "embedded", 1, 1, 1),
-    ("tp1 (2 threads)", "embedded", 1, 1, 2),
-    ("pp2", "embedded", 1, 2, 1),
-    ("tp3 (3 ranks, 2 cores)", "embedded", 3, 1, 1),
-    ("tp1 (1 thread)", "heads8", 1, 1, 1),
-    ("tp1 (2 threads)", "heads8", 1, 1, 2),
-    ("tp2", "heads8", 2, 1, 1),
-    ("pp2", "heads8", 1, 2, 1),
+    ("tp1 (1 thread)", "embedded", 1, 1, 1, "auto"),
+    ("tp1 (2 threads)", "embedded", 1, 1, 2, "auto"),
+    ("pp2", "embedded", 1, 2, 1, "auto"),
+    ("tp3 shm (3 ranks, 2 cores)", "embedded", 3, 1, 1, "shm"),
+    ("tp3 gloo (3 ranks, 2 cores)", "embedded", 3, 1, 1, "gloo"),
+    ("tp1 (1 thread)", "heads8", 1, 1, 1, "auto"),
+    ("tp1 (2 threads)", "heads8", 1, 1, 2, "auto"),
+    ("tp2 shm", "heads8", 2, 1, 1, "shm"),
+    ("tp2 gloo", "heads8", 2, 1, 1, "gloo"),
+    ("pp2", "heads8", 1, 2, 1, "auto"),
 ]
 
 
@@ -83,13 +85,13 @@ def random_target(shape: str, layers: int | None, device: str, base: str | None)
     return out
 
 
-def run_layout(target: str, tp: int, pp: int, threads: int, args, work: Path) -> dict:
+def run_layout(target: str, tp: int, pp: int, threads: int, allreduce: str, args, work: Path) -> dict:
     world = tp * pp
-    run_dir = work / f"{Path(target).name}-tp{tp}-pp{pp}-t{threads}"
+    run_dir = work / f"{Path(target).name}-tp{tp}-pp{pp}-t{threads}-{allreduce}"
     cli = ["-m", "specbench", f"method={args.method}", f"k={args.k}", f"dataset.limit={args.limit}",
            f"max_new_tokens={args.max_new_tokens}", f"dtype={args.dtype}", "progress=false", f"threads={threads}",
            f"parallel.tp={tp}", f"parallel.pp={pp}", f"hydra.run.dir={run_dir}", f"device={args.device}",
-           f"model.attention={args.attention}"]
+           f"model.attention={args.attention}", f"parallel.allreduce={allreduce}"]
     if args.device == "cuda":  # queued collectives: synchronise around each so their time is exact
         cli.append("parallel.sync_timing=true")
     if target != "embedded":
@@ -136,6 +138,9 @@ def collectives_worker(spec: dict) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    from specbench.parallel.shm import ShmAllReduce
+
+    fast = ShmAllReduce(dist.group.WORLD, 60.0)
     res = {}
     for kind, nbytes in spec["sizes"]:
         t = torch.zeros(max(1, nbytes // 4))
@@ -145,6 +150,8 @@ def collectives_worker(spec: dict) -> None:
             t0 = time.perf_counter()
             if kind == "all_reduce":
                 dist.all_reduce(t)
+            elif kind == "all_reduce_shm":
+                fast(t)
             elif kind == "broadcast":
                 dist.broadcast(t, world - 1)
             else:  # p2p: rank 0 -> 1 and back (one boundary each way), half the round trip
@@ -175,6 +182,11 @@ def aligned_costs(sizes: set[tuple[str, int]], work: Path, reps: int = 200) -> d
     return json.loads((work / "collectives.json").read_text())
 
 
+def _kind(doc: dict, kind: str) -> str:
+    """The collective as timed by --collectives: an all-reduce through shared memory is its own kind."""
+    return "all_reduce_shm" if kind == "all_reduce" and doc.get("parallel", {}).get("allreduce") == "shm" else kind
+
+
 # ---------------------------------------------------------------------------------------------- the table
 def summarise(label: str, target: str, doc: dict, costs: dict[str, float]) -> list[dict]:
     rows = []
@@ -186,7 +198,7 @@ def summarise(label: str, target: str, doc: dict, costs: dict[str, float]) -> li
             for kind, calls in r["calls"].items():
                 if kind == "object" or not calls:
                     continue
-                per_call = costs.get(f"{kind}:{r['bytes'][kind] // calls}")
+                per_call = costs.get(f"{_kind(doc, kind)}:{r['bytes'][kind] // calls}")
                 transfer += (per_call or 0.0) * calls
             transfer = min(transfer, comm)
             rows.append({"target": target, "layout": label, "run": name, "tp": doc["config"]["tp"],
@@ -207,7 +219,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
     where = f"{meta['gpus']}× {meta['gpu']}" if meta.get("gpu") else f"{meta['cpu']}, {meta['cores']} cores"
     lines = [f"# Parallel decoding: compute vs communication per step ({where})", "",
              f"`{meta['command']}` — torch {meta['torch']}, {meta['dtype']}, method={meta['method']} k={meta['k']}, "
-             f"{meta['limit']} MT-bench prompts × {meta['max_new_tokens']} tokens, batch 1. Per rank, per decode "
+             f"{meta['limit']} built-in prompts × {meta['max_new_tokens']} tokens, batch 1. Per rank, per decode "
              "step (ms): step = compute + collectives; collectives = transfer (calls × the median cost of the "
              "same collective called back to back by both ranks) + wait (for the slowest peer's compute).", "",
              "| target | layout | run | rank | tokens/s | step ms | compute ms | collectives ms | transfer | wait "
@@ -222,8 +234,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         lines += ["", "No transfer/wait split here: on CUDA (`parallel.sync_timing=true`) a collective's time is the "
                   "synchronised collective, waiting for the peers included."]
         return "\n".join(lines) + "\n"
-    lines += ["", "Collective cost with no waiting (gloo, 2 ranks, 1 thread each, median µs per call; bytes = the run's mean "
-              "per call):", "",
+    lines += ["", "Collective cost with no waiting (gloo; all_reduce_shm = parallel.allreduce=shm; 2 ranks, 1 thread "
+              "each, median µs per call; bytes = the run's mean per call):", "",
               "| collective | bytes | µs |", "|---|---|---|"]
     for key, s in sorted(meta["aligned"].items()):
         kind, nbytes = key.split(":")
@@ -260,7 +272,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--method", default="ngram")
     ap.add_argument("--k", type=int, default=3)
-    ap.add_argument("--limit", type=int, default=2, help="MT-bench prompts")
+    ap.add_argument("--limit", type=int, default=2, help="built-in prompts (dataset.limit)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--targets", default="embedded,heads8",
@@ -280,7 +292,8 @@ def main() -> None:
         return
     wanted = args.targets.split(",")
     if args.layouts:
-        layouts = [(name, target, *parse_layout(name), 1) for target in wanted for name in args.layouts.split(",")]
+        layouts = [(name, target, *parse_layout(name), 1, "auto") for target in wanted
+                   for name in args.layouts.split(",")]
     else:
         layouts = [row for row in LAYOUTS if row[1] in wanted]
     paths = {t: "embedded" if t == "embedded" else str(random_target(t, args.layers, args.device, args.base))
@@ -288,14 +301,15 @@ def main() -> None:
     docs = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        for label, target, tp, pp, threads in layouts:
+        for label, target, tp, pp, threads, allreduce in layouts:
             print(f"[bench_parallel] {target}: {label}", flush=True)
-            docs.append((label, target, run_layout(paths[target], tp, pp, threads, args, work)))
+            docs.append((label, target, run_layout(paths[target], tp, pp, threads, allreduce, args, work)))
         sizes = set()
         for _, _, doc in docs:
             for part in per_rank(doc).values():
                 for r in part["ranks"]:
-                    sizes |= {(k, r["bytes"][k] // c) for k, c in r["calls"].items() if k != "object" and c}
+                    sizes |= {(_kind(doc, k), r["bytes"][k] // c) for k, c in r["calls"].items()
+                              if k != "object" and c}
         costs = aligned_costs(sizes, work) if sizes and args.device == "cpu" else {}
     rows = [row for label, target, doc in docs for row in summarise(label, target, doc, costs)]
     gpu = torch.cuda.get_device_name() if args.device == "cuda" else None

@@ -233,8 +233,8 @@ def run(cfg: DictConfig) -> dict:
     _threads(cfg)
     dtype = resolve_dtype(cfg.dtype, device)
     tp, pp, draft_tp = parallel_sizes(cfg)
-    topo = init(tp, pp, draft_tp, device, timeout,
-                bool(cfg.parallel.get("sync_timing", False)))
+    topo = init(tp, pp, draft_tp, device, timeout, bool(cfg.parallel.get("sync_timing", False)),
+                str(cfg.parallel.get("allreduce", "auto")))
     writer = topo.rank == 0
     from specbench.models import cpu_kernels
 

@@ -62,7 +62,7 @@ def main() -> None:
     out_base = sys.argv[2]
     torch.set_num_threads(1)
     tp, pp = (spec.get("tp", 1), spec.get("pp", 1)) if parallel.launched_world() else (1, 1)
-    topo = parallel.init(tp, pp, 1, CPU, timeout_s=spec.get("timeout_s", 60))
+    topo = parallel.init(tp, pp, 1, CPU, timeout_s=spec.get("timeout_s", 60), allreduce=spec.get("allreduce", "auto"))
     lm = load_model(spec["target"], torch.float32, CPU)
     full = load_model(spec["target"], torch.float32, CPU).model  # the oracle drafter reads the whole target
     target = parallel.apply(lm.model, topo)
@@ -90,6 +90,7 @@ def main() -> None:
         plans = drafter.plans if case["method"] == "oracle" and t.is_leader else None
         out[case["name"]] = {"ids": [r.output_ids for r in res], "acc": [r.accepted_per_step for r in res],
                              "plans": plans}
+    out["_allreduce"] = topo.extra.get("allreduce")
     Path(f"{out_base}.rank{topo.rank}.json").write_text(json.dumps(out))
 
 

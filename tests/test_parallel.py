@@ -138,9 +138,12 @@ def _check_acceptance(bundle) -> None:
 
 
 @pytest.mark.slow
-def test_tp2_matches_single_process(bundle):
+@pytest.mark.parametrize("allreduce", ["shm", "gloo"])
+def test_tp2_matches_single_process(bundle, allreduce):
     _check_acceptance(bundle)
-    _check(bundle, _launch(bundle, "tp2", 2, tp=2))
+    ranks = _launch(bundle, f"tp2_{allreduce}", 2, tp=2, allreduce=allreduce)
+    assert [r["_allreduce"] for r in ranks] == [allreduce, allreduce]
+    _check(bundle, ranks)
 
 
 @pytest.mark.slow
@@ -211,6 +214,7 @@ BAD = [
     (["parallel.tp=2", "model.path={heads3}"], 2, "num_attention_heads=3, not divisible by 2"),
     (["parallel.tp=2", "model.path={kv1}"], 2, "num_key_value_heads=1, not divisible by 2"),
     (["parallel.pp=2", "model.path={one_layer}"], 2, "parallel.pp=2: the target has 1 layers; valid: 1..1"),
+    (["parallel.tp=2", "parallel.allreduce=mpi"], 2, "parallel.allreduce='mpi': valid: auto, gloo, shm"),
 ]
 
 

@@ -40,6 +40,7 @@ class Comm:
 
     def __init__(self, device: torch.device, sync: bool = False) -> None:
         self.sync = sync and device.type == "cuda"
+        self.shm: dict[int, object] = {}  # id(group) -> ShmAllReduce, for groups that all-reduce through /dev/shm
         self.seconds: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.bytes: dict[str, int] = defaultdict(int)
@@ -58,7 +59,11 @@ class Comm:
         return out
 
     def all_reduce(self, t: torch.Tensor, group) -> torch.Tensor:
-        self._timed("all_reduce", t, lambda: dist.all_reduce(t, group=group))
+        fast = self.shm.get(id(group))
+        if fast is not None:
+            self._timed("all_reduce", t, lambda: fast(t))
+        else:
+            self._timed("all_reduce", t, lambda: dist.all_reduce(t, group=group))
         return t
 
     def broadcast(self, t: torch.Tensor, src: int) -> torch.Tensor:
@@ -142,7 +147,8 @@ class Topology:
 
     def describe(self) -> dict:
         return {"tp": self.tp, "pp": self.pp, "draft_tp": self.draft_tp, "world_size": self.world,
-                "leader_rank": self.leader, "backend": dist.get_backend() if self.parallel else None}
+                "leader_rank": self.leader, "backend": dist.get_backend() if self.parallel else None,
+                "allreduce": self.extra.get("allreduce")}
 
 
 LOCAL = Topology()
@@ -227,17 +233,45 @@ def join(device: torch.device, timeout_s: float = 120.0) -> bool:
     return True
 
 
+ALLREDUCE = ("auto", "gloo", "shm")
+
+
+def allreduce_backend(choice: str, device: torch.device) -> str:
+    """What `parallel.allreduce` means here: "nccl" on CUDA; on CPU "shm" (auto: one host, x86-64) or "gloo"."""
+    from specbench.parallel import shm
+
+    if choice not in ALLREDUCE:
+        raise UserError(f"parallel.allreduce={choice!r}: valid: {', '.join(ALLREDUCE)}")
+    if device.type == "cuda":
+        if choice != "auto":
+            raise UserError(f"parallel.allreduce={choice}: CPU only; on CUDA the all-reduce is NCCL's (use auto)")
+        return "nccl"
+    if choice == "shm" and not shm.supported():
+        raise UserError("parallel.allreduce=shm needs every rank on this host (x86-64, /dev/shm); use auto or gloo")
+    return "shm" if choice == "shm" or (choice == "auto" and shm.supported()) else "gloo"
+
+
 def init(tp: int, pp: int, draft_tp: int, device: torch.device, timeout_s: float = 120.0,
-         sync_timing: bool = False) -> Topology:
-    """This rank's Topology: join the process group torchrun set up and make the tp groups.
+         sync_timing: bool = False, allreduce: str = "auto") -> Topology:
+    """This rank's Topology: join the process group torchrun set up and make the tp groups (all-reducing
+    through shared memory where `allreduce_backend` says so).
 
     A peer that dies or stops answering makes every collective fail after `timeout_s`, so no rank hangs
     (torchrun also stops the others as soon as one exits with an error)."""
     check_sizes(tp, pp, draft_tp)
+    backend = allreduce_backend(allreduce, device)
     if not join(device, timeout_s):
         return LOCAL
     world, rank = dist.get_world_size(), dist.get_rank()
     if (tp, pp) not in _GROUPS:  # every rank creates every group, in the same order
         _GROUPS[(tp, pp)] = [dist.new_group(list(range(s * tp, (s + 1) * tp))) for s in range(pp)]
     groups = _GROUPS[(tp, pp)]
-    return Topology(tp, pp, draft_tp, rank, world, Comm(device, sync_timing), groups[rank // tp], groups[-1])
+    comm = Comm(device, sync_timing)
+    if backend == "shm" and tp > 1:
+        from specbench.parallel.shm import ShmAllReduce
+
+        mine = groups[rank // tp]  # the only tp group this rank all-reduces over (the drafter's too, if it is)
+        comm.shm[id(mine)] = ShmAllReduce(mine, timeout_s)
+    topo = Topology(tp, pp, draft_tp, rank, world, comm, groups[rank // tp], groups[-1])
+    topo.extra["allreduce"] = backend if tp > 1 else None
+    return topo
