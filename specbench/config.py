@@ -41,6 +41,11 @@ class TypicalSchema:
 
 
 @dataclass
+class SyntheticSchema:
+    rates: Optional[list[float]] = None  # acceptance=synthetic: per-position rates (>= k, non-increasing)
+
+
+@dataclass
 class RunConfig:
     method: Any = MISSING
     model: ModelSchema = field(default_factory=ModelSchema)
@@ -57,8 +62,9 @@ class RunConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     stop: list[str] = field(default_factory=list)  # stop strings (besides EOS)
-    acceptance: str = "auto"  # auto | greedy | sampling | typical (see verify.py)
+    acceptance: str = "auto"  # auto | greedy | sampling | typical | synthetic (see verify.py)
     typical: TypicalSchema = field(default_factory=lambda: TypicalSchema())  # acceptance=typical only
+    synthetic: SyntheticSchema = field(default_factory=lambda: SyntheticSchema())  # acceptance=synthetic only
     baseline: bool = True  # also run target-only decoding in the same process (speculative methods)
     progress: bool = True  # progress bar on stderr
     threads: Optional[int] = None  # torch CPU threads; null = torch's default

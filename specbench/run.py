@@ -71,9 +71,8 @@ def validate(cfg: DictConfig) -> None:
     from specbench.parallel import check_sizes
 
     check_sizes(*parallel_sizes(cfg))
-    if bool(cfg.parallel.get("async", False)):
-        raise UserError("parallel.async=true: asynchronous scheduling is not supported in this version; "
-                        "valid: false")
+    if not isinstance(cfg.parallel.get("async", False), bool):
+        raise UserError(f"parallel.async={cfg.parallel.get('async')!r}; valid: true, false")
     from specbench.verify import RULES, resolve_rule
 
     if cfg.acceptance not in RULES:
@@ -83,6 +82,20 @@ def validate(cfg: DictConfig) -> None:
             resolve_rule(str(cfg.acceptance), sampling_params(cfg))
         except ValueError as e:
             raise UserError(str(e)) from None
+        if cfg.acceptance == "synthetic":
+            from specbench.engine.loop import check_synthetic_rates
+
+            check_synthetic_rates(_rates(cfg), int(cfg.k))
+
+
+def _rates(cfg: DictConfig) -> list[float] | None:
+    r = cfg.synthetic.rates
+    return None if r is None else list(r)
+
+
+def acceptance_kw(cfg: DictConfig) -> dict:
+    """The acceptance rule's own settings: typical.{epsilon,alpha}, synthetic.rates."""
+    return {**dict(cfg.typical), "rates": _rates(cfg)}
 
 
 def build_drafter(cfg: DictConfig):
@@ -185,7 +198,8 @@ def _resolved_config(cfg: DictConfig, target: LoadedModel, device: torch.device,
         if has_drafter else None
     resolved.update({"device": str(device), "dtype": str(dtype).removeprefix("torch."),
                      "target": resolved["model"]["name"], "drafter": drafter_info(cfg),
-                     "acceptance_rule": {"rule": rule, "lossless": LOSSLESS[rule] if rule else True},
+                     "acceptance_rule": {"rule": rule, "lossless": LOSSLESS[rule] if rule else True,
+                                         **({"rates": _rates(cfg)} if rule == "synthetic" else {})},
                      "tp": int(cfg.parallel.get("tp", 1)), "pp": int(cfg.parallel.get("pp", 1)),
                      "draft_tp": int(cfg.parallel.get("draft_tp", 1)), "world_size": world_size,
                      "async": bool(cfg.parallel.get("async", False))})
@@ -260,7 +274,8 @@ def run(cfg: DictConfig) -> dict:
                       stop=StopCriteria(stop.eos_ids, max_new, stop.stop_strings), params=params,
                       seed=int(cfg.seed), progress=bool(cfg.progress) and max_new > 4 and writer, drafter=d,
                       k=int(cfg.k), acceptance=str(cfg.acceptance) if d is not None else "auto",
-                      acceptance_kw=dict(cfg.typical), on_step=on_step, topology=topo)
+                      acceptance_kw=acceptance_kw(cfg), on_step=on_step, topology=topo,
+                      async_scheduling=bool(cfg.parallel.get("async", False)))
 
     def on_step(rec) -> None:
         for s in sinks:

@@ -16,6 +16,9 @@ and return a `Verdict` of fixed shape (no host sync).
   its parent (p = softmax(logits / T), H with log(p + 1e-5) as the reference); among the candidate paths the
   longest passing prefix wins, ties broken by the summed log p of its tokens (Medusa's `evaluate_posterior`);
   the extra token is sampled from p restricted to the tokens that pass (`get_typical_one_token`).
+- synthetic (benchmarking only, NOT lossless; vLLM's `synthetic_acceptance_rates`): accept along the first
+  child of each node at configured per-position rates whatever the target says, so loop and system costs can
+  be measured on random-weight models of real shapes without a trained drafter.
 
 Randomness: `draws` uniforms per row per step, indexed by node (node n's test uses u[b, n]), then one
 exponential vector of the vocabulary's size for the extra token. With per-request generators each row's
@@ -47,9 +50,13 @@ def _node_structure(tree: DraftTree) -> tuple[Tensor, Tensor, Tensor]:
     earlier = torch.ones(N, N, dtype=torch.bool, device=dev).tril(-1)
     rank = (same & earlier).sum(-1)  # [B, N]
     ok = valid & (rank < W)
-    b_idx = torch.arange(B, device=dev)[:, None].expand(B, N)
+    # one scatter with fixed shapes (no boolean indexing, so no host sync): nodes that are not placed go to a
+    # spare column W of their parent's row, dropped after
+    spare = torch.full((B, N + 1, W + 1), -1, dtype=torch.long, device=dev)
+    slot = parent_fwd * (W + 1) + torch.where(ok, rank, W)
     node = torch.arange(N, device=dev).expand(B, N)
-    children[b_idx[ok], parent_fwd[ok], rank[ok]] = node[ok]
+    spare.view(B, -1).scatter_(1, slot, torch.where(ok, node, -1))
+    children = spare[:, :, :W].contiguous()
     return valid, parent_fwd, children
 
 
@@ -207,8 +214,51 @@ def verify_typical(tree: DraftTree, logits: Tensor, params: SamplingParams, gen:
     return _finish(tree, path, num_acc, extra)
 
 
-RULES = ("auto", "greedy", "sampling", "typical")
-LOSSLESS = {"auto": True, "greedy": True, "sampling": True, "typical": False}
+def synthetic_conditional(rates) -> list[float]:
+    """Per-position acceptance rates as results.json's `per_position` reports them (the i-th draft accepted in
+    that fraction of steps) -> the probability of accepting draft i given drafts < i were accepted."""
+    out, prev = [], 1.0
+    for r in rates:
+        out.append(0.0 if prev == 0 else r / prev)
+        prev = r
+    return out
+
+
+def verify_synthetic(tree: DraftTree, logits: Tensor, params: SamplingParams, gen: Gen, rates: list[float],
+                     draws: int | None = None) -> Verdict:
+    """acceptance=synthetic (for measuring loop and system costs, NOT lossless): the draft path along every
+    node's first child is accepted to depth d with the configured unconditional rates (draft i kept with
+    probability rates[i] / rates[i-1] once drafts < i were kept), whatever the target says; the extra token is
+    the target's own pick at the last kept node (argmax at T = 0, else a sample). Randomness: `draws` uniforms
+    per row per step (node order, as the lossless rule), then the extra token's draw."""
+    B, N = tree.tokens.shape
+    K = tree.depth
+    dev = logits.device
+    if len(rates) < K:
+        raise ValueError(f"synthetic.rates has {len(rates)} entries; this step drafts to depth {K}")
+    cond = torch.tensor(synthetic_conditional(rates[:K]) or [0.0], dtype=torch.float32, device=dev)
+    U = uniform((B, max(draws if draws is not None else N, N)), gen, dev)
+    path = torch.full((B, K), -1, dtype=torch.long, device=dev)
+    num_acc = torch.zeros(B, dtype=torch.long, device=dev)
+    last = torch.zeros(B, dtype=torch.long, device=dev)  # forward index of the last kept node (0 = root)
+    if N:
+        _, _, children = _node_structure(tree)
+        rows = torch.arange(B, device=dev)
+        alive = torch.ones(B, dtype=torch.bool, device=dev)
+        for d in range(K):
+            child = children[rows, last, 0]  # the first child of the current node
+            acc = alive & (child >= 0) & (U[rows, child.clamp(min=0)] < cond[d])
+            path[:, d] = torch.where(acc, child, -1)
+            num_acc += acc.long()
+            last = torch.where(acc, child + 1, last)
+            alive &= acc
+    at = logits[torch.arange(B, device=dev), last]  # [B, V]
+    extra = at.argmax(-1) if params.greedy else sample_from(target_probs(at[:, None], params)[:, 0], gen)
+    return _finish(tree, path, num_acc, extra)
+
+
+RULES = ("auto", "greedy", "sampling", "typical", "synthetic")
+LOSSLESS = {"auto": True, "greedy": True, "sampling": True, "typical": False, "synthetic": False}
 
 
 def resolve_rule(rule: str, params: SamplingParams) -> str:
@@ -221,6 +271,8 @@ def resolve_rule(rule: str, params: SamplingParams) -> str:
     if rule in ("sampling", "typical") and params.greedy:
         raise ValueError(f"acceptance={rule} needs temperature > 0 (temperature=0 is greedy decoding: use "
                          "acceptance=auto or greedy)")
+    if rule == "synthetic":
+        return rule
     if rule == "greedy" and not params.greedy:
         raise ValueError(f"acceptance=greedy with temperature={params.temperature} would not sample from the "
                          "target distribution; use acceptance=auto or sampling")
@@ -235,4 +287,6 @@ def verify(tree: DraftTree, logits: Tensor, params: SamplingParams, gen: Gen, ru
         return verify_greedy(tree, logits)
     if rule == "sampling":
         return verify_sampling(tree, logits, params, gen, draws)
+    if rule == "synthetic":
+        return verify_synthetic(tree, logits, params, gen, list(kw["rates"]), draws)
     return verify_typical(tree, logits, params, gen, **kw)

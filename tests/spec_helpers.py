@@ -6,6 +6,7 @@ import torch
 
 from specbench.core.sampling import uniform
 from specbench.core.types import DraftTree
+from specbench.drafters.ngram import HostHistory
 
 
 class TableTreeDrafter:
@@ -82,8 +83,10 @@ class OracleTreeDrafter:
     def setup(self, target, batch_size, max_len, k, params, gen) -> None:
         self.steps = [0] * batch_size
         self.V = target.config.vocab_size
+        self.history = HostHistory(batch_size)
 
     def prefill(self, rows, admitted, target_out) -> None:
+        self.history.prefill(rows, admitted)
         for b in rows:
             self.steps[b] = 0
 
@@ -101,7 +104,7 @@ class OracleTreeDrafter:
         for b in range(B):
             if not state.active[b]:
                 continue
-            g = self._greedy(state.history[b], k)
+            g = self._greedy(self.history.rows[b], k)
             j = 1 + (b * 7 + self.steps[b] * 3) % (k + 1)  # first wrong depth on the good branch (k+1: none)
             good = (b + self.steps[b]) % 2
             for d in range(1, k + 1):
@@ -115,5 +118,6 @@ class OracleTreeDrafter:
                          depth=k, width=2)
 
     def commit(self, verdict, state, target_out) -> None:
+        self.history.commit(verdict)
         acc = verdict.num_accepted.tolist()
         self.plans.append([(p, acc[b]) for b, p in enumerate(self.planned) if p is not None])

@@ -259,7 +259,7 @@ class CheckingEngine(Engine):
         for b, s in enumerate(slots):
             if s is None:
                 continue
-            text = st.history[b] + tok[b][: nacc[b]]
+            text = s.request.prompt_ids + s.output_ids + tok[b][: nacc[b]]
             n, dn = lens[b], d_lens[b]
             assert n == len(text) and dn == n - 1 - nacc[b]  # head cached + pending = target cached
             fresh = m(torch.tensor([text]), None, hidden_layers=d.hidden_layers)
@@ -312,7 +312,7 @@ def test_chain_equals_a_manual_greedy_unroll(target, tcfg, tmp_path):
     out = target.model(ids, None, hidden_layers=d.hidden_layers)
     feats = torch.cat(out.hidden, -1)
     st = BatchState(seq_lens=torch.tensor([p]), last=ids[:, p:], active=torch.ones(1, dtype=torch.long),
-                    history=[], host_lens=[p], k=k)
+                    len_bound=p, k=k)
     d.prefill([0], Admitted(st, ids[:, :p], [p]), type(out)(logits=out.logits, hidden=[h[:, :p] for h in out.hidden]))
     chain = d.propose(st).tokens[0].tolist()
     head = d.model

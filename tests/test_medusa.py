@@ -183,7 +183,7 @@ def test_proposals_are_the_heads_top_k(tiny, tcfg, tmp_path):
     d.setup(tiny.model, 2, 64, 3, SamplingParams(), RowGenerators(2, CPU))
     d.state = torch.randn(2, tcfg["hidden_size"], generator=torch.Generator().manual_seed(3))
     st = BatchState(seq_lens=torch.tensor([5, 5]), last=torch.zeros(2, 1, dtype=torch.long),
-                    active=torch.tensor([1, 1]), history=[[], []], host_lens=[5, 5], k=3)
+                    active=torch.tensor([1, 1]), len_bound=5, k=3)
     t = d.propose(st)
     order = d.model.logits(d.state).argsort(-1, descending=True)  # [B, heads, V] rows by rank
     for b in range(2):

@@ -121,7 +121,7 @@ def test_candidate_tree_is_fms_generate_suffixes(tiny_lm, tcfg, tmp_path):
     d.setup(tiny_lm.model, 2, 64, 3, SamplingParams(), RowGenerators(2, torch.device("cpu")))
     d.state = torch.randn(2, tcfg["hidden_size"], generator=torch.Generator().manual_seed(4)) * 2
     st = BatchState(seq_lens=torch.tensor([5, 5]), last=torch.tensor([[7], [9]]), active=torch.tensor([1, 1]),
-                    history=[[], []], host_lens=[5, 5], k=3)
+                    len_bound=5, k=3)
     tree = d.propose(st)
     assert tree.contract_errors(3, d.max_nodes(3)) == [] and d.max_nodes(3) == 15
     m = d.model

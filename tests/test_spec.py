@@ -119,7 +119,7 @@ class CheckingEngine(Engine):
         for b, s in enumerate(slots):
             if s is None:
                 continue
-            text = st.history[b] + tok[b][: nacc[b]]  # history is extended after the sync
+            text = s.request.prompt_ids + s.output_ids + tok[b][: nacc[b]]  # outputs are extended after the sync
             n = lens[b]
             assert n == len(text)  # committed = everything but the new root
             fresh = m.new_cache(1, n + 1)

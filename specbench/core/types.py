@@ -121,8 +121,8 @@ class BatchState:
     seq_lens: Tensor  # [B] tokens in the target cache per row (excludes `last`)
     last: Tensor  # [B, 1] the newest token per row (sampled, not yet in the target cache)
     active: Tensor  # [B] 1 where a request runs
-    history: list[list[int]]  # per row: prompt + generated tokens including `last` (host copy)
-    host_lens: list[int]  # per row: seq_lens as known on the host (exact after every step's sync)
+    len_bound: int  # host int >= every row's seq_lens (exact in the sync loop; with async scheduling it
+    #   assumes the step in flight accepted everything): sizes attention without reading seq_lens back
     k: int  # max draft depth this run
 
 

@@ -83,7 +83,7 @@ class DraftModelDrafter:
         c = self.cache
         # first step: the pending token(s); logits at the last real one
         inp = torch.where(torch.arange(2, device=self.device)[None] < self.num_pending[:, None], self.pending, 0)
-        kv = max(state.host_lens) + 2  # draft cached <= target cached; +2 for the pending slots
+        kv = state.len_bound + 2  # draft cached <= target cached; +2 for the pending slots
         logits = self.model(inp, c, kv_len=kv, logit_index=(self.num_pending - 1)[:, None]).logits[:, 0]
         c.seq_lens += self.num_pending * state.active
         toks, qs = [], []

@@ -183,7 +183,7 @@ class EagleDrafter:
     def propose(self, state: BatchState) -> DraftTree:
         k, f, c = state.k, self.topk, self.cache
         B, H = state.last.shape[0], self.model.config.hidden_size
-        top = max(state.host_lens)  # host bound on every row's target length (= head cached + pending)
+        top = state.len_bound  # host bound on every row's target length (= head cached + pending)
         o = self._causal(c, self.pend_tok, self.pend_hid, top + k + 1)  # [B, k+1, H]
         o = o.gather(1, (self.num_pend - 1)[:, None, None].expand(B, 1, H))  # last real pair's output
         c.seq_lens += self.num_pend * state.active

@@ -1,5 +1,6 @@
 """Prompt-lookup decoding (n-gram matching): find the context's last n tokens earlier in the context and
-propose what followed them. No model, no state; runs on the host over each request's token history.
+propose what followed them. No model; runs on the host over each request's token history, which it keeps
+itself (`HostHistory`): the only drafter that needs the tokens on the host, so the decode loop keeps none.
 """
 
 from __future__ import annotations
@@ -27,6 +28,32 @@ def lookup(history: list[int] | np.ndarray, k: int, min_n: int, max_n: int) -> l
     return []
 
 
+class HostHistory:
+    """Each row's prompt + generated tokens (including the newest, not yet cached one) as host lists, kept from
+    the drafter's own prefill and commit: it reads the step's verdict back (one host sync, inside the drafter
+    that needs it). A released row's list stays until its next prefill; `active` says which rows run."""
+
+    def __init__(self, batch_size: int) -> None:
+        self.rows: list[list[int]] = [[] for _ in range(batch_size)]
+
+    def prefill(self, rows: list[int], admitted: Admitted) -> None:
+        lo, hi = rows[0], rows[-1] + 1
+        ids = admitted.prompt_ids.tolist()
+        first = admitted.state.last[lo:hi, 0].tolist()
+        for i, b in enumerate(rows):
+            self.rows[b] = ids[i][: admitted.prompt_lens[i]] + [first[i]]
+
+    def commit(self, verdict: Verdict) -> None:
+        n_acc = verdict.num_accepted.tolist()
+        toks = verdict.tokens.tolist()
+        for b, h in enumerate(self.rows):
+            h.extend(toks[b][: n_acc[b] + 1])
+
+    def active(self, state: BatchState) -> list[list[int]]:
+        """The running rows' histories ([] for an idle row)."""
+        return [h if a else [] for h, a in zip(self.rows, state.active.tolist())]
+
+
 class NgramDrafter:
     hidden_layers: tuple[int, ...] = ()
 
@@ -40,15 +67,18 @@ class NgramDrafter:
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params, gen) -> None:
         self.device = target.device
+        self.history = HostHistory(batch_size)
 
     def prefill(self, rows: list[int], admitted: Admitted, target_out) -> None:
-        pass  # stateless: everything it needs is in state.history
+        self.history.prefill(rows, admitted)
 
     def propose(self, state: BatchState) -> DraftTree:
         """Host-side lookup per running row; the tree is only as wide as the longest proposal this step,
         so a step where nothing matched verifies just the root (a plain decode step)."""
-        B, k = len(state.history), state.k
-        drafts = [lookup(h, k, self.min_n, self.max_n) if h else [] for h in state.history]
+        k = state.k
+        histories = self.history.active(state)
+        B = len(histories)
+        drafts = [lookup(h, k, self.min_n, self.max_n) if h else [] for h in histories]
         width = max(map(len, drafts))
         tokens = torch.full((B, width), PAD_ID, dtype=torch.long)
         for b, d in enumerate(drafts):
@@ -57,4 +87,4 @@ class NgramDrafter:
         return DraftTree.chain(tokens.to(self.device), lens.to(self.device))
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
-        pass
+        self.history.commit(verdict)

@@ -12,8 +12,24 @@ Batching is slot-based: the KV cache has `batch_size` rows; a request occupies o
 until it stops, and the freed row takes the next waiting request, so short answers do not hold the batch
 back and no request is padded to another's length. Every row has its own length.
 
-Host syncs: one per step (marked below) to update outputs, metrics and stop conditions, and one per
-admission round (the first tokens of the new requests).
+A step is split in two: the device step (`_launch`: propose -> verify -> commit, on device tensors with shapes
+the host knows, ending in one packed copy of the step's tokens and counts) and the host bookkeeping of the
+finished step (`_book`: output tokens, stop conditions, detokenisation, metrics; it touches no device state).
+Synchronous (`async_scheduling=False`): launch, read, book, free the stopped rows, refill, next step.
+Asynchronous (vLLM's async scheduling): step n+1 is launched before step n is booked, and the bookkeeping
+of step n runs on a worker thread while step n+1 computes (CUDA: step n's results come back through pinned
+memory with a non-blocking copy and an event, so the host never waits inside a step; CPU: torch releases the
+GIL inside its kernels, so the worker's Python runs beside the forward). The step in flight is launched
+optimistically: a request that stopped in step n still runs in step n+1, whose tokens for it are discarded;
+its row is freed and refilled one step later than in the synchronous loop. Lengths the host needs to size a
+step (`len_bound`, the attention length) are upper bounds that assume the step in flight accepted
+everything, corrected when its bookkeeping is in. Each request's output and metrics are those of the
+synchronous loop: its computation never depends on what shares the batch (per-row caches, lengths and
+random streams).
+
+Host syncs: one per step (the packed read, which with async scheduling happens off the critical path) and
+one per admission round (the first tokens of the new requests). Only n-gram lookup keeps token histories on
+the host, inside that drafter.
 
 Stop conditions are applied token by token to each step's accepted chunk, in the order target-only decoding
 meets them (EOS, the length budget, a stop string), so a speculative run keeps exactly the tokens a
@@ -27,6 +43,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -69,6 +86,26 @@ class StopCriteria:
 STOP_WINDOW = 16  # tokens decoded before the newest one when looking for a stop string
 
 
+@dataclass
+class Launched:
+    """A device step whose results the host has not read yet: the packed [B, K+4] int64 tensor (accepted tokens
+    and extra, accepted count, draft nodes, draft depth per row), on CUDA a pinned host copy and its event."""
+
+    packed: Tensor
+    event: object | None  # torch.cuda.Event recorded after the copy (None on CPU: the tensor is ready)
+    step: int
+    t_step: float  # perf_counter when the step was launched
+    t_draft: float  # seconds in drafter.propose (host time)
+    t_done: float  # perf_counter when the launch returned (CPU: the step has run; CUDA: it is queued)
+    slots: list  # the request in each row when the step was launched (None = free row)
+
+    def read(self) -> list[list[int]]:
+        if self.event is not None:
+            self.event.synchronize()
+            self.t_done = time.perf_counter()
+        return self.packed.tolist()
+
+
 class Engine:
     """Target-only or speculative decoding of a list of requests with one target (and optionally a drafter)."""
 
@@ -88,6 +125,7 @@ class Engine:
         acceptance_kw: dict | None = None,
         on_step: Callable[[StepRecord], None] | None = None,
         topology: Topology = LOCAL,
+        async_scheduling: bool = False,
     ) -> None:
         if batch_size < 1:
             raise UserError(f"batch_size={batch_size}: must be >= 1")
@@ -99,7 +137,14 @@ class Engine:
         self.batch_size, self.stop, self.params = batch_size, stop, params
         self.seed, self.progress = seed, progress
         self.drafter, self.k = drafter, (k if drafter is not None else 0)
-        self.acceptance_kw = dict(acceptance_kw or {}) if self.rule == "typical" else {}
+        kw = dict(acceptance_kw or {})
+        if self.rule == "typical":
+            self.acceptance_kw = {n: kw[n] for n in ("epsilon", "alpha") if n in kw}
+        elif self.rule == "synthetic":
+            self.acceptance_kw = {"rates": check_synthetic_rates(kw.get("rates"), self.k)}
+        else:
+            self.acceptance_kw = {}
+        self.async_ = bool(async_scheduling)
         self.context = target.config.max_position_embeddings
         self.device = target.device
         self.hidden_layers = tuple(drafter.hidden_layers) if drafter is not None else ()
@@ -127,20 +172,58 @@ class Engine:
         pending = deque(zip(requests, _seeds(requests, self.seed)))
         results: dict[int, RequestResult] = {}  # by id(request): ids in a dataset need not be unique
         self._bar = _progress(len(requests), self.progress)
-        self._n_tokens, self._t0 = 0, time.perf_counter()
-        while pending or any(s is not None for s in slots):
-            self._admit_waiting(pending, slots, results)
-            if not any(s is not None for s in slots):
-                continue
-            t_step = time.perf_counter()
-            verdict, nodes, depth = self._step(slots)
-            # note: the one host sync per step (accepted tokens, counts and draft sizes together)
-            packed = torch.cat([verdict.tokens, verdict.num_accepted[:, None], nodes[:, None], depth[:, None]],
-                               1).tolist()
-            self._book(packed, slots, results, t_step)
+        self._n_first, self._n_booked, self._t0 = 0, 0, time.perf_counter()
+        if self.async_:
+            self._run_async(pending, slots, results)
+        else:
+            while pending or any(s is not None for s in slots):
+                self._admit_waiting(pending, slots, results)
+                if any(s is not None for s in slots):
+                    launched = self._launch(slots)
+                    self._apply(self._timed_book(launched), launched, slots, results, wait_s=None)
         if self._bar is not None:
             self._bar.close()
+        t = self.timing
+        t["host_overlap_s"] = t["host_s"] - t["host_critical_s"]
         return [results[id(r)] for r in requests]
+
+    def _run_async(self, pending: deque, slots: list, results: dict) -> None:
+        """Launch step n+1, then collect the bookkeeping of step n that a worker thread did meanwhile."""
+        inflight = None  # (future of the bookkeeping, its step)
+        with ThreadPoolExecutor(1, thread_name_prefix="specbench-book") as worker:
+            while pending or any(s is not None for s in slots):
+                self._admit_waiting(pending, slots, results)
+                launched = self._launch(slots) if any(s is not None for s in slots) else None
+                if inflight is not None:
+                    self._collect(inflight, slots, results)
+                inflight = (worker.submit(self._timed_book, launched), launched) if launched else None
+            if inflight is not None:
+                self._collect(inflight, slots, results)
+
+    def _collect(self, inflight, slots: list, results: dict) -> None:
+        t = time.perf_counter()
+        booked = inflight[0].result()
+        self._apply(booked, inflight[1], slots, results, wait_s=time.perf_counter() - t)
+
+    def _timed_book(self, launched: Launched) -> tuple[list[int], list[int], float]:
+        t = time.perf_counter()
+        packed = launched.read()  # note: the one host sync per step (off the critical path when async)
+        done = self._book(packed, launched)
+        return done, [row[-3] for row in packed], time.perf_counter() - t
+
+    def _apply(self, booked, launched: Launched, slots: list, results: dict, wait_s: float | None) -> None:
+        """On the main thread, after a step was booked: exact lengths for its rows, free the rows that stopped.
+        wait_s: how long the main thread waited for the bookkeeping (None: it did it itself)."""
+        done, n_acc, host_s = booked
+        self.timing["host_s"] += host_s
+        self.timing["host_critical_s"] += host_s if wait_s is None else wait_s
+        for b, res in enumerate(launched.slots):
+            if res is not None and slots[b] is res:  # still seated: replace the bound by the exact length
+                self.host_lens[b] -= launched.packed.shape[1] - 4 - n_acc[b]
+        for b in done:
+            assert slots[b] is launched.slots[b], "a stopped request's row was freed before its bookkeeping"
+            res = self._free(b, slots)
+            results[id(res.request)] = res
 
     # ---------------------------------------------------------------------------------------- pieces
     def _setup(self, requests: list[Request]) -> None:
@@ -149,15 +232,18 @@ class Engine:
         longest = max((len(r.prompt_ids) for r in requests), default=1)
         self.max_nodes = self.drafter.max_nodes(self.k) if self.drafter is not None else 0
         max_len = min(self.context, longest + self.stop.max_new_tokens + 1) + self.max_nodes + 2
+        if self.async_:  # a stopped request runs one more step, and the host's lengths are bounds
+            max_len += self.k + 2
         self.cache = self.target.new_cache(B, max_len)
         self.gen = RowGenerators(B, self.device)  # one stream per row, seated per request at admission
-        self.host_lens = [0] * B  # mirror of cache.seq_lens, known without syncing (updated in place)
+        # per row: an upper bound of cache.seq_lens known without syncing (exact once every launched step
+        # is booked: the launch adds 1 + the draft depth, the bookkeeping takes back the rejected drafts)
+        self.host_lens = [0] * B
         self.state = BatchState(
             seq_lens=self.cache.seq_lens,
             last=torch.zeros(B, 1, dtype=torch.long, device=self.device),
             active=torch.zeros(B, dtype=torch.long, device=self.device),
-            history=[[] for _ in range(B)],
-            host_lens=self.host_lens,
+            len_bound=0,
             k=self.k,
         )
         if self.drafter is not None:  # capture layers may depend on the target (EAGLE-3's aux layers)
@@ -170,7 +256,9 @@ class Engine:
                     error = str(e)
             self.hidden_layers = share_outcome(self.topo, error, layers)
         self.num_steps = 0  # target forwards after the prefills
-        self.timing = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "step_s": 0.0}
+        self.timing = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "step_s": 0.0,
+                       "host_s": 0.0, "host_critical_s": 0.0, "host_overlap_s": 0.0}
+        self._pinned: list[Tensor] = []  # CUDA: two pinned buffers for the packed results, used in turn
 
     def _admit_waiting(self, pending: deque, slots: list, results: dict) -> None:
         """Prefill waiting requests into free rows, together; a request done after its first token leaves."""
@@ -179,25 +267,29 @@ class Engine:
             batch = [(b, *pending.popleft()) for b in free[: len(pending)]]
             free = free[len(batch):]
             for b, res in self._admit(batch):
-                self._n_tokens += 1
+                self._n_first += 1
+                slots[b] = res
                 if self._finished(res, 1):
-                    results[id(res.request)] = self._release(b, res, slots)
+                    self._finalize(res)
+                    results[id(res.request)] = self._free(b, slots)  # (res is slots[b])
                     free.append(b)
-                else:
-                    slots[b] = res
             free.sort()
 
-    def _book(self, packed: list[list[int]], slots: list, results: dict, t_step: float) -> None:
-        """Host bookkeeping of a finished step: outputs, stop conditions, per-step metrics, releases."""
-        now = time.perf_counter()
+    def _book(self, packed: list[list[int]], launched: Launched) -> list[int]:
+        """Host bookkeeping of a finished step: outputs, stop conditions, per-step metrics, detokenisation of
+        the requests that stopped. Touches no device or row state (it may run on a worker thread while the next
+        step computes); a request that already stopped (its row ran one step past it) is skipped. Returns the
+        rows whose request stopped in this step."""
+        now, t_step, t_draft = launched.t_done, launched.t_step, launched.t_draft
         k = self.k
-        rec = StepRecord(self.num_steps, now - self._t0, 0, 0, 0, 0, [0] * k, self._t_draft * 1e3,
-                         (now - t_step - self._t_draft) * 1e3, (now - t_step) * 1e3)
+        rec = StepRecord(launched.step + 1, now - self._t0, 0, 0, 0, 0, [0] * k, t_draft * 1e3,
+                         (now - t_step - t_draft) * 1e3, (now - t_step) * 1e3)
         self.timing["step_s"] += now - t_step
-        self.timing["draft_s"] += self._t_draft
-        self.timing["verify_s"] += now - t_step - self._t_draft
-        for b, res in enumerate(slots):
-            if res is None:
+        self.timing["draft_s"] += t_draft
+        self.timing["verify_s"] += now - t_step - t_draft
+        done = []
+        for b, res in enumerate(launched.slots):
+            if res is None or res.finish_reason:
                 continue
             row = packed[b]
             n_acc, nodes, depth = row[-3], row[-2], row[-1]
@@ -208,24 +300,25 @@ class Engine:
             for i in range(n_acc):
                 rec.accepted_per_pos[i] += 1
             new = row[: n_acc + 1]
-            self.host_lens[b] += 1 + n_acc
-            self.state.history[b].extend(new)
             res.accepted_per_step.append(n_acc)
             res.draft_lens.append(depth)
             res.draft_nodes.append(nodes)
             before = len(res.output_ids)
             res.output_ids.extend(new)
-            done = self._finished(res, len(new))  # trims the chunk at the first stop condition
+            stopped = self._finished(res, len(new))  # trims the chunk at the first stop condition
             kept = len(res.output_ids) - before
             res.chunk_times.append(now)
             res.chunk_sizes.append(kept)
-            self._n_tokens += kept
-            if done:
-                results[id(res.request)] = self._release(b, res, slots)
-        if self.on_step is not None:
+            self._n_booked += kept
+            if stopped:
+                self._finalize(res)
+                done.append(b)
+        if self.on_step is not None and rec.num_active:
             self.on_step(rec)
         if self._bar is not None:
-            self._bar.set_postfix(tok_s=f"{self._n_tokens / (time.perf_counter() - self._t0):.1f}", refresh=False)
+            n = self._n_first + self._n_booked
+            self._bar.set_postfix(tok_s=f"{n / (time.perf_counter() - self._t0):.1f}", refresh=False)
+        return done
 
     def _admit(self, batch: list[tuple[int, Request, int]]) -> list[tuple[int, RequestResult]]:
         """Prefill requests into their cache rows (one right-padded forward per run of adjacent rows) and
@@ -262,13 +355,32 @@ class Engine:
         for (b, res), tok in zip(out, first_ids):
             res.t_first = now
             res.output_ids.append(tok)
-            st.history[b] = list(res.request.prompt_ids) + [tok]
         return out
+
+    def _launch(self, slots: list[RequestResult | None]) -> Launched:
+        """Run (on CUDA: queue) one device step and start bringing its packed results to the host."""
+        t_step = time.perf_counter()
+        step = self.num_steps
+        verdict, nodes, depth = self._step(slots)
+        packed = torch.cat([verdict.tokens, verdict.num_accepted[:, None], nodes[:, None], depth[:, None]], 1)
+        event = None
+        if packed.device.type == "cuda":  # non-blocking copy into pinned memory; the host waits on the event
+            if not self._pinned or self._pinned[0].shape[0] != packed.shape[0] or \
+                    self._pinned[0].shape[1] < packed.shape[1]:
+                self._pinned = [torch.empty(packed.shape[0], self.max_nodes + 4, dtype=torch.long,
+                                            pin_memory=True) for _ in range(2)]
+            host = self._pinned[step % 2][:, : packed.shape[1]]
+            host.copy_(packed, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            packed = host
+        return Launched(packed, event, step, t_step, self._t_draft, time.perf_counter(), list(slots))
 
     def _step(self, slots: list[RequestResult | None]) -> tuple[Verdict, Tensor, Tensor]:
         """Propose, verify in one target forward, commit. Returns the verdict and each row's draft nodes and
         draft depth (equal for chains)."""
         st = self.state
+        st.len_bound = max(self.host_lens)
         t = time.perf_counter()
         B, topo = len(slots), self.topo
         if self.drafter is None:
@@ -291,6 +403,9 @@ class Engine:
         out = self.target(inputs, self.cache, kv_len=kv_len, positions=positions, tree_mask=tree_mask,
                           hidden_layers=self.hidden_layers)
         self.num_steps += 1
+        for b, s in enumerate(slots):  # bound until this step is booked: every draft accepted
+            if s is not None:
+                self.host_lens[b] += 1 + tree.depth
         verdict = verify(tree, out.logits, self.params, self.gen, self.rule, draws=self.max_nodes,
                          **self.acceptance_kw) if topo.runs_drafter else None
         verdict = share_verdict(topo, verdict, B, tree.depth, self.device)  # every stage commits the same
@@ -329,13 +444,8 @@ class Engine:
         tail = self.tokenizer.decode(ids, skip_special_tokens=False)
         return any(s in tail for s in self.stop.stop_strings)
 
-    def _release(self, b: int, res: RequestResult, slots: list) -> RequestResult:
-        slots[b] = None
-        self.gen.release(b)
-        self.state.active[b] = 0
-        self.state.seq_lens[b] = 0  # an idle row still takes part in the forward: keep its writes in bounds
-        self.host_lens[b] = 0
-        self.state.history[b] = []
+    def _finalize(self, res: RequestResult) -> None:
+        """The stopped request's text (host work: may run on the bookkeeping thread)."""
         text = self.tokenizer.decode(res.output_ids, skip_special_tokens=True)
         for s in self.stop.stop_strings:
             if res.finish_reason == "stop" and s in text:
@@ -343,7 +453,32 @@ class Engine:
         res.text = text
         if self._bar is not None:
             self._bar.update(1)
+
+    def _free(self, b: int, slots: list) -> RequestResult:
+        """Give row b back (main thread, between steps): its request stopped and was booked."""
+        res = slots[b]
+        slots[b] = None
+        self.gen.release(b)
+        self.state.active[b] = 0
+        self.state.seq_lens[b] = 0  # an idle row still takes part in the forward: keep its writes in bounds
+        self.host_lens[b] = 0
         return res
+
+
+def check_synthetic_rates(rates, k: int) -> list[float]:
+    """acceptance=synthetic's per-position rates: at least k of them, each in [0, 1], non-increasing (the i-th
+    draft cannot be accepted more often than the one before it)."""
+    try:
+        r = [float(x) for x in rates]
+    except (TypeError, ValueError):
+        raise UserError(f"synthetic.rates={rates!r}: a list of per-position acceptance rates in [0, 1], "
+                        "e.g. [0.8, 0.6, 0.4]") from None
+    if len(r) < k:
+        raise UserError(f"synthetic.rates={r}: {len(r)} entries, k={k} needs at least {k}")
+    if any(not 0.0 <= x <= 1.0 for x in r) or any(b > a for a, b in zip(r, r[1:])):
+        raise UserError(f"synthetic.rates={r}: each in [0, 1] and non-increasing (rates[i] = share of steps "
+                        "whose i-th draft is accepted)")
+    return r
 
 
 def _seeds(requests: list[Request], seed: int) -> list[int]:
