@@ -308,7 +308,8 @@ def run(cfg: DictConfig) -> dict:
 
             info = drafter.describe() if topo.runs_drafter else None
             resolved["drafter"].update(share_outcome(topo, None, info) if topo.parallel else info)
-        extra = {"timing": dict(spec.timing)}
+        extra = {"timing": dict(spec.timing),
+                 "scheduling": {"async": spec.async_, "discarded_rows": spec.discarded_rows}}
         report = _parallel_report(topo, comm)
         if report is not None:
             extra["parallel"] = report

@@ -3,7 +3,7 @@
     python tests/parallel_worker.py SPEC.json OUT               # single process: the reference
     torchrun --nproc-per-node 2 tests/parallel_worker.py SPEC.json OUT   # spec's tp / pp
 
-SPEC: {"target": folder, "tp", "pp", "heads": {name: folder}, "eos": [ids], "prompts": [[ids]],
+SPEC: {"target": folder, "tp", "pp", "async", "heads": {name: folder}, "eos": [ids], "prompts": [[ids]],
        "cases": [{"name", "method", "k", "batch", "max_new", "temperature", "seed", "tree", "draft_tp"}]}
 OUT.rank<r>.json: {case name: {"ids": [[...]], "acc": [[...]], "plans": [[planned, accepted], ...] | null}}.
 `fail_rank` / `fail_step` (optional): that rank exits with status 1 at that step of the first case (a rank that
@@ -76,7 +76,8 @@ def main() -> None:
         params = SamplingParams(case.get("temperature", 0.0))
         eng = Engine(target, lm.tokenizer, batch_size=case["batch"],
                      stop=StopCriteria(frozenset(spec.get("eos", [])), case["max_new"]), params=params,
-                     seed=case.get("seed", 0), progress=False, drafter=drafter, k=case.get("k", 0), topology=t)
+                     seed=case.get("seed", 0), progress=False, drafter=drafter, k=case.get("k", 0), topology=t,
+                     async_scheduling=spec.get("async", False))
         if n == 0 and fail_rank == topo.rank:
             step = eng._step
 
@@ -89,7 +90,9 @@ def main() -> None:
         res = eng.run(requests)
         plans = drafter.plans if case["method"] == "oracle" and t.is_leader else None
         out[case["name"]] = {"ids": [r.output_ids for r in res], "acc": [r.accepted_per_step for r in res],
-                             "plans": plans}
+                             "plans": plans, "finish": [r.finish_reason for r in res],
+                             "nodes": [r.draft_nodes for r in res], "discarded": eng.discarded_rows,
+                             "steps": eng.num_steps, "timing": eng.timing}
     out["_allreduce"] = topo.extra.get("allreduce")
     Path(f"{out_base}.rank{topo.rank}.json").write_text(json.dumps(out))
 

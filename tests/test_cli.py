@@ -86,6 +86,26 @@ def test_bad_input_exits_2(tmp_path, args, needle):
         assert "Traceback" not in p.stderr
 
 
+def test_async_synthetic_run_records(tmp_path, tiny_dir, monkeypatch):
+    """parallel.async=true with acceptance=synthetic: results.json says async, the rule is lossy with its rates,
+    and records the host time overlapped and left on the critical path. Rates 1 / 1 / 0 are deterministic: the
+    target drafting for itself keeps exactly 2 of 3 drafts every step, so the output is still target-only's."""
+    from specbench.run import run
+
+    cfg = _compose([f"model.path={tiny_dir}", "method=draft_model", f"method.drafter.path={tiny_dir}", "k=3",
+                    "max_new_tokens=13", "batch_size=2", "dtype=float32", "progress=false", "dataset.limit=3",
+                    "parallel.async=true", "acceptance=synthetic", "synthetic.rates=[1.0,1.0,0.0]"])
+    monkeypatch.chdir(tmp_path)
+    doc = run(cfg)
+    assert doc["config"]["async"] is True
+    assert doc["config"]["acceptance_rule"] == {"rule": "synthetic", "lossless": False, "rates": [1.0, 1.0, 0.0]}
+    assert doc["acceptance"]["per_position"] == [1.0, 1.0, 0.0]
+    assert [r["accepted_per_step"] for r in doc["requests"]] == [[2, 2, 2, 2]] * 3  # 1 + 4 steps of 3 = 13
+    assert doc["outputs_match_baseline"] is True
+    t = doc["timing"]
+    assert t["host_overlap_s"] + t["host_critical_s"] == pytest.approx(t["host_s"]) and t["host_s"] > 0
+
+
 @pytest.mark.parametrize(
     "overrides, needle",
     [

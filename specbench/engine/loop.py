@@ -196,7 +196,9 @@ class Engine:
                 launched = self._launch(slots) if any(s is not None for s in slots) else None
                 if inflight is not None:
                     self._collect(inflight, slots, results)
+                t = time.perf_counter()
                 inflight = (worker.submit(self._timed_book, launched), launched) if launched else None
+                self.timing["host_handoff_s"] += time.perf_counter() - t
             if inflight is not None:
                 self._collect(inflight, slots, results)
 
@@ -216,7 +218,12 @@ class Engine:
         wait_s: how long the main thread waited for the bookkeeping (None: it did it itself)."""
         done, n_acc, host_s = booked
         self.timing["host_s"] += host_s
-        self.timing["host_critical_s"] += host_s if wait_s is None else wait_s
+        # on the critical path: all of it when the main thread booked itself; else the part it waited for (the
+        # main thread's stall can exceed the bookkeeping itself when the worker was descheduled or held off the
+        # GIL: that, and handing steps over, is `host_handoff_s`)
+        self.timing["host_critical_s"] += host_s if wait_s is None else min(wait_s, host_s)
+        if wait_s is not None:  # the price of overlapping: the main thread's wait for the worker + hand-offs
+            self.timing["host_handoff_s"] += wait_s
         for b, res in enumerate(launched.slots):
             if res is not None and slots[b] is res:  # still seated: replace the bound by the exact length
                 self.host_lens[b] -= launched.packed.shape[1] - 4 - n_acc[b]
@@ -256,8 +263,9 @@ class Engine:
                     error = str(e)
             self.hidden_layers = share_outcome(self.topo, error, layers)
         self.num_steps = 0  # target forwards after the prefills
+        self.discarded_rows = 0  # (row, step) pairs computed for a request that had already stopped (async)
         self.timing = {"prefill_s": 0.0, "draft_s": 0.0, "verify_s": 0.0, "step_s": 0.0,
-                       "host_s": 0.0, "host_critical_s": 0.0, "host_overlap_s": 0.0}
+                       "host_s": 0.0, "host_critical_s": 0.0, "host_overlap_s": 0.0, "host_handoff_s": 0.0}
         self._pinned: list[Tensor] = []  # CUDA: two pinned buffers for the packed results, used in turn
 
     def _admit_waiting(self, pending: deque, slots: list, results: dict) -> None:
@@ -289,7 +297,10 @@ class Engine:
         self.timing["verify_s"] += now - t_step - t_draft
         done = []
         for b, res in enumerate(launched.slots):
-            if res is None or res.finish_reason:
+            if res is None:
+                continue
+            if res.finish_reason:  # stopped in the step before (async): this step ran for it optimistically
+                self.discarded_rows += 1
                 continue
             row = packed[b]
             n_acc, nodes, depth = row[-3], row[-2], row[-1]

@@ -29,6 +29,16 @@ def format_summary(doc: dict) -> str:
             ("acceptance rate", _f(a["acceptance_rate"], "{:.3f}")),
             ("per position", " ".join(f"{p:.2f}" for p in a["per_position"])),
         ]
+    rule = c.get("acceptance_rule") or {}
+    if rule.get("lossless") is False:
+        rows.append(("acceptance rule", f"{rule.get('rule')} (NOT lossless"
+                                        + (f"; rates {rule['rates']})" if rule.get("rates") else ")")))
+    tm = doc.get("timing") or {}
+    if c.get("async") or tm.get("host_s"):
+        total = tm.get("host_s") or 0.0
+        crit = tm.get("host_critical_s") or 0.0
+        rows.append(("host bookkeeping", f"{total * 1e3:.0f} ms, {crit * 1e3:.0f} ms on the critical path "
+                                         f"({'async' if c.get('async') else 'sync'})"))
     aux = (c.get("drafter") or {}).get("aux_layers")
     if aux:
         rows.append(("aux layers", f"{aux['layers']} ({aux['convention']}, from {aux['source']})"))
