@@ -3,7 +3,7 @@
     python tests/parallel_worker.py SPEC.json OUT               # single process: the reference
     torchrun --nproc-per-node 2 tests/parallel_worker.py SPEC.json OUT   # spec's tp / pp
 
-SPEC: {"target": folder, "tp", "pp", "async", "heads": {name: folder}, "eos": [ids], "prompts": [[ids]],
+SPEC: {"target": folder, "tp", "pp", "async", "bounds", "heads": {name: folder}, "eos": [ids], "prompts": [[ids]],
        "cases": [{"name", "method", "k", "batch", "max_new", "temperature", "seed", "tree", "draft_tp"}]}
 OUT.rank<r>.json: {case name: {"ids": [[...]], "acc": [[...]], "plans": [[planned, accepted], ...] | null}}.
 `fail_rank` / `fail_step` (optional): that rank exits with status 1 at that step of the first case (a rank that
@@ -69,6 +69,7 @@ def main() -> None:
     requests = [Request(id=str(i), prompt=f"p{i}", prompt_ids=list(p)) for i, p in enumerate(spec["prompts"])]
     fail_rank, fail_step = spec.get("fail_rank"), spec.get("fail_step")
     out = {}
+    Engine.exact_lens_on_cpu = not spec.get("bounds", False)  # True: the CUDA path's length bounds
     for n, case in enumerate(spec["cases"]):
         t = dataclasses.replace(topo, draft_tp=case.get("draft_tp", 1) if topo.parallel else 1)
         drafter = drafter_for(case, spec, full)

@@ -42,8 +42,15 @@ def _same(a, b) -> None:
         assert (x.accepted_per_step, x.draft_lens, x.chunk_sizes) == (y.accepted_per_step, y.draft_lens, y.chunk_sizes)
 
 
+@pytest.fixture(params=["exact", "bounds"])
+def lens_mode(request, monkeypatch):
+    """exact: the CPU reads each step's accepted counts at launch; bounds: the CUDA path's upper bounds."""
+    monkeypatch.setattr(Engine, "exact_lens_on_cpu", request.param == "exact")
+    return request.param
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_stop_string_and_eos_mid_chunk(tiny_lm, temperature):
+def test_stop_string_and_eos_mid_chunk(tiny_lm, temperature, lens_mode):
     """A self-draft accepts whole chunks, so a stop string and an EOS land inside them; 5 requests in 3 rows
     (refills one step later when async). Outputs, texts, finish reasons, per-step counts and kept chunk sizes
     equal the sync loop's; the async run stepped rows past their stop and discarded those tokens."""

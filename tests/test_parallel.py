@@ -199,10 +199,11 @@ def _check_async(bundle, got: dict, names) -> None:
 @pytest.mark.slow
 def test_async_matches_sync_every_method(bundle):
     """parallel.async=true in one process: every method, chain and tree, batch 1 and 3 (5 requests in 3 rows:
-    refills), greedy and seeded sampling, an EOS mid-answer -- identical to the synchronous loop."""
+    refills), greedy and seeded sampling, an EOS mid-answer -- identical to the synchronous loop. With the
+    CUDA path's length bounds (the host never reads a step back before launching the next)."""
     d, spec, _ = bundle
     s = d / "spec_async.json"
-    s.write_text(json.dumps({**spec, "async": True}))
+    s.write_text(json.dumps({**spec, "async": True, "bounds": True}))
     r = subprocess.run([sys.executable, str(WORKER), str(s), str(d / "async")], env=_env(), capture_output=True,
                        text=True, timeout=TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -8,24 +8,11 @@
 # experiments/results when OUT is unset.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-experiments/results}
-mkdir -p "$OUT"
-if [ -d .whl ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH=/tmp/site:$PWD
-else
-  export PYTHONPATH=$PWD
-fi
-export PYTHONUNBUFFERED=1
-nvidia-smi -L | tee "$OUT/gpus.txt"
+. experiments/gpu/env.sh
 N=$(python3 -c "import torch; print(torch.cuda.device_count())")
 LAYOUTS=tp1
 [ "$N" -ge 2 ] && LAYOUTS=tp1,tp2,pp2
 [ "$N" -ge 4 ] && LAYOUTS=tp1,tp2,pp2,tp2xpp2
-ATTN=sdpa
-python3 -c "import flash_attn" 2>/dev/null && ATTN=flash
-BASE=()
-[ -d .gpu/base ] && BASE=(--base .gpu/base)
 set -o pipefail
 python3 experiments/bench_parallel.py --device cuda --dtype bfloat16 --targets llama8b --layers "${LAYERS:-32}" \
   --layouts "$LAYOUTS" --attention "$ATTN" --limit "${LIMIT:-4}" --max-new-tokens "${TOKENS:-64}" \

@@ -3,7 +3,8 @@
 # machine lacks into two git-ignored folders of the repo root that the device run carries:
 #   .whl/  wheels of hydra-core, omegaconf, antlr4 (the GPU image has torch, transformers, safetensors, tqdm)
 #   .gpu/base/  the embedded model's config.json and tokenizer (a random target of real shapes starts there)
-# Then, on the device tool: carry [".whl", ".gpu"], command `bash experiments/gpu/parallel.sh`.
+#   .gpu/data/mt_bench/question.jsonl  the MT-bench prompts (from ../shared/data; never committed)
+# Then, on the device tool: carry [".whl", ".gpu"], command `bash experiments/gpu/parallel.sh` (or async.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 grep -qx '/.whl/' .git/info/exclude || echo /.whl/ >> .git/info/exclude
@@ -23,5 +24,9 @@ shutil.rmtree(out, ignore_errors=True)
 out.mkdir(parents=True)
 shutil.copy(src / "config.json", out / "config.json")
 AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(out))
-print("prepared", sorted(p.name for p in Path(".whl").iterdir()), "and", out)
+import os
+data = Path(os.environ.get("SPECBENCH_DATA", "../shared/data")) / "mt_bench" / "question.jsonl"
+(Path(".gpu/data/mt_bench")).mkdir(parents=True, exist_ok=True)
+shutil.copy(data, ".gpu/data/mt_bench/question.jsonl")
+print("prepared", sorted(p.name for p in Path(".whl").iterdir()), "and", out, "and .gpu/data")
 PY

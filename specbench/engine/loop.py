@@ -21,11 +21,13 @@ of step n runs on a worker thread while step n+1 computes (CUDA: step n's result
 memory with a non-blocking copy and an event, so the host never waits inside a step; CPU: torch releases the
 GIL inside its kernels, so the worker's Python runs beside the forward). The step in flight is launched
 optimistically: a request that stopped in step n still runs in step n+1, whose tokens for it are discarded;
-its row is freed and refilled one step later than in the synchronous loop. Lengths the host needs to size a
-step (`len_bound`, the attention length) are upper bounds that assume the step in flight accepted
-everything, corrected when its bookkeeping is in. Each request's output and metrics are those of the
-synchronous loop: its computation never depends on what shares the batch (per-row caches, lengths and
-random streams).
+its row is freed and refilled one step later than in the synchronous loop. On CUDA the lengths the host
+needs to size a step (`len_bound`, the attention length) are upper bounds that assume the step in flight
+accepted everything, corrected when its bookkeeping is in; on the CPU the step has run when its launch
+returns, so its accepted counts are read at once (B integers) and the lengths are exact, as in the sync loop.
+Each request's output and metrics are those of the synchronous loop: its computation never depends on what
+shares the batch (per-row caches, lengths and random streams; in float32 exactly, in bf16 up to the attention
+kernels' rounding when the batch around it or the attention length differs).
 
 Host syncs: one per step (the packed read, which with async scheduling happens off the critical path) and
 one per admission round (the first tokens of the new requests). Only n-gram lookup keeps token histories on
@@ -98,16 +100,21 @@ class Launched:
     t_draft: float  # seconds in drafter.propose (host time)
     t_done: float  # perf_counter when the launch returned (CPU: the step has run; CUDA: it is queued)
     slots: list  # the request in each row when the step was launched (None = free row)
+    exact: bool = False  # the host's lengths were already corrected at launch (CPU: the step has run)
 
-    def read(self) -> list[list[int]]:
+    def wait(self) -> None:
+        """CUDA: until the step's results are in host memory (the device's time, not the host's)."""
         if self.event is not None:
             self.event.synchronize()
             self.t_done = time.perf_counter()
-        return self.packed.tolist()
 
 
 class Engine:
     """Target-only or speculative decoding of a list of requests with one target (and optionally a drafter)."""
+
+    # CPU: read each step's accepted counts at launch (free there) so host lengths are exact; False runs the
+    # CUDA path's upper bounds on the CPU too (tests)
+    exact_lens_on_cpu: bool = True
 
     def __init__(
         self,
@@ -208,8 +215,9 @@ class Engine:
         self._apply(booked, inflight[1], slots, results, wait_s=time.perf_counter() - t)
 
     def _timed_book(self, launched: Launched) -> tuple[list[int], list[int], float]:
+        launched.wait()  # note: the one host sync per step (off the critical path when async)
         t = time.perf_counter()
-        packed = launched.read()  # note: the one host sync per step (off the critical path when async)
+        packed = launched.packed.tolist()
         done = self._book(packed, launched)
         return done, [row[-3] for row in packed], time.perf_counter() - t
 
@@ -224,9 +232,8 @@ class Engine:
         self.timing["host_critical_s"] += host_s if wait_s is None else min(wait_s, host_s)
         if wait_s is not None:  # the price of overlapping: the main thread's wait for the worker + hand-offs
             self.timing["host_handoff_s"] += wait_s
-        for b, res in enumerate(launched.slots):
-            if res is not None and slots[b] is res:  # still seated: replace the bound by the exact length
-                self.host_lens[b] -= launched.packed.shape[1] - 4 - n_acc[b]
+        if not launched.exact:
+            self._correct_lens(launched, n_acc, slots)
         for b in done:
             assert slots[b] is launched.slots[b], "a stopped request's row was freed before its bookkeeping"
             res = self._free(b, slots)
@@ -385,7 +392,18 @@ class Engine:
             event = torch.cuda.Event()
             event.record()
             packed = host
-        return Launched(packed, event, step, t_step, self._t_draft, time.perf_counter(), list(slots))
+        launched = Launched(packed, event, step, t_step, self._t_draft, time.perf_counter(), list(slots))
+        if event is None and self.exact_lens_on_cpu:  # CPU: the step has run, its accepted counts cost nothing to read: exact lengths now,
+            self._correct_lens(launched, packed[:, -3].tolist(), slots)  # so attention sizes are the sync loop's
+            launched.exact = True
+        return launched
+
+    def _correct_lens(self, launched: Launched, n_acc: list[int], slots: list) -> None:
+        """Replace the launch's bound (every draft accepted) by the accepted length, for rows still seated."""
+        K = launched.packed.shape[1] - 4  # the step's draft depth
+        for b, res in enumerate(launched.slots):
+            if res is not None and slots[b] is res:
+                self.host_lens[b] -= K - n_acc[b]
 
     def _step(self, slots: list[RequestResult | None]) -> tuple[Verdict, Tensor, Tensor]:
         """Propose, verify in one target forward, commit. Returns the verdict and each row's draft nodes and
