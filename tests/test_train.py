@@ -217,3 +217,33 @@ def test_svd_embedding_init(tiny):
     torch.testing.assert_close(head / head.norm(), ref / ref.norm(), atol=1e-5, rtol=1e-4)
     with pytest.raises(UserError, match="embed_init='svd' needs init=scratch"):
         _method(tiny, embed_init="svd")
+
+
+def test_regeneration_resumes_after_the_last_finished_chunk(tiny, tmp_path, monkeypatch):
+    """Regeneration in chunks of 4 prompts, killed during its third chunk: the cache holds the first 8
+    responses; the rerun regenerates only the other 5 and ends where an uninterrupted run does."""
+    from specbench.engine.loop import Engine
+    from specbench.train import __main__ as tm
+    from specbench.train.data import Example
+
+    words = " ".join(TINY_CORPUS).split()
+    prompts = [Example(" ".join(words[i:i + 3]), "", f"p{i}") for i in range(13)]
+    monkeypatch.setattr(tm, "REGEN_CHUNK", 4)
+    full = tm.regenerate(tiny.model, tiny.tokenizer, prompts, 12, tmp_path / "full.jsonl")
+    calls, run = [], Engine.run
+
+    def dies_third_time(self, reqs):
+        calls.append(len(reqs))
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return run(self, reqs)
+
+    monkeypatch.setattr(Engine, "run", dies_third_time)
+    with pytest.raises(KeyboardInterrupt):
+        tm.regenerate(tiny.model, tiny.tokenizer, prompts, 12, tmp_path / "r.jsonl")
+    assert len((tmp_path / "r.jsonl").read_text().splitlines()) == 8
+    calls.clear()
+    monkeypatch.setattr(Engine, "run", lambda self, reqs: calls.append(len(reqs)) or run(self, reqs))
+    again = tm.regenerate(tiny.model, tiny.tokenizer, prompts, 12, tmp_path / "r.jsonl")
+    assert calls == [4, 1]  # 13 - 8 prompts left: a chunk of 4 and one of 1
+    assert [e.response for e in again] == [e.response for e in full]

@@ -210,9 +210,11 @@ class Engine:
                 self._collect(inflight, slots, results)
 
     def _collect(self, inflight, slots: list, results: dict) -> None:
+        future, launched = inflight
+        ready = future.done()  # the worker finished while this thread ran the next step: nothing was waited for
         t = time.perf_counter()
-        booked = inflight[0].result()
-        self._apply(booked, inflight[1], slots, results, wait_s=time.perf_counter() - t)
+        booked = future.result()
+        self._apply(booked, launched, slots, results, wait_s=time.perf_counter() - t, ready=ready)
 
     def _timed_book(self, launched: Launched) -> tuple[list[int], list[int], float]:
         launched.wait()  # note: the one host sync per step (off the critical path when async)
@@ -221,15 +223,17 @@ class Engine:
         done = self._book(packed, launched)
         return done, [row[-3] for row in packed], time.perf_counter() - t
 
-    def _apply(self, booked, launched: Launched, slots: list, results: dict, wait_s: float | None) -> None:
+    def _apply(self, booked, launched: Launched, slots: list, results: dict, wait_s: float | None,
+               ready: bool = False) -> None:
         """On the main thread, after a step was booked: exact lengths for its rows, free the rows that stopped.
-        wait_s: how long the main thread waited for the bookkeeping (None: it did it itself)."""
+        wait_s: how long the main thread spent collecting the bookkeeping (None: it did it itself); ready: the
+        bookkeeping had finished before the main thread came for it."""
         done, n_acc, host_s = booked
         self.timing["host_s"] += host_s
-        # on the critical path: all of it when the main thread booked itself; else the part it waited for (the
-        # main thread's stall can exceed the bookkeeping itself when the worker was descheduled or held off the
-        # GIL: that, and handing steps over, is `host_handoff_s`)
-        self.timing["host_critical_s"] += host_s if wait_s is None else min(wait_s, host_s)
+        # on the critical path: all of it when the main thread booked itself; none when it was done before the
+        # main thread came for it; else the part it waited for (the stall can exceed the bookkeeping itself when
+        # the worker was descheduled or held off the GIL: that, and handing steps over, is `host_handoff_s`)
+        self.timing["host_critical_s"] += host_s if wait_s is None else 0.0 if ready else min(wait_s, host_s)
         if wait_s is not None:  # the price of overlapping: the main thread's wait for the worker + hand-offs
             self.timing["host_handoff_s"] += wait_s
         if not launched.exact:

@@ -15,8 +15,13 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "train"
 METHODS = ("draft_model", "eagle3", "medusa", "mlp_speculator")
 
 
+REGEN_CHUNK = 64  # prompts per decode run of the regeneration (its cache is appended after each)
+
+
 def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
-    """Self-distillation data: the target's own greedy responses to the prompts (batched, cached as JSONL)."""
+    """Self-distillation data: the target's own greedy responses to the prompts, through the decode engine (batched,
+    slot refill), in chunks of REGEN_CHUNK prompts appended to the JSONL cache as each finishes: an interrupted
+    regeneration resumes after the last finished chunk."""
     from specbench.data.prompts import Prompt, to_requests
     from specbench.engine.loop import Engine, StopCriteria
     from specbench.core.sampling import SamplingParams
@@ -27,15 +32,24 @@ def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
         for line in cache.read_text().splitlines():
             r = json.loads(line)
             done[r["prompt"]] = r["response"]
-    todo = [e for e in examples if e.prompt not in done]
+    todo = list({e.prompt: e for e in examples if e.prompt not in done}.values())
     if todo:
-        reqs = to_requests([Prompt(id=str(i), prompt=e.prompt) for i, e in enumerate(todo)], tokenizer)
-        eng = Engine(target, tokenizer, batch_size=8, params=SamplingParams(),
+        from tqdm.auto import tqdm
+
+        eng = Engine(target, tokenizer, batch_size=8, params=SamplingParams(), progress=False,
                      stop=StopCriteria(frozenset({tokenizer.eos_token_id}), max_new))
-        with open(cache, "a") as f:
-            for e, r in zip(todo, eng.run(reqs)):
-                done[e.prompt] = r.text
-                f.write(json.dumps({"prompt": e.prompt, "response": r.text}) + "\n")
+        bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True,
+                   initial=0, postfix={"cached": len(done)})
+        with open(cache, "a") as f:  # in chunks, appended as they finish: an interrupted run resumes after them
+            for lo in range(0, len(todo), REGEN_CHUNK):
+                chunk = todo[lo: lo + REGEN_CHUNK]
+                reqs = to_requests([Prompt(id=str(lo + i), prompt=e.prompt) for i, e in enumerate(chunk)], tokenizer)
+                for e, r in zip(chunk, eng.run(reqs)):
+                    done[e.prompt] = r.text
+                    f.write(json.dumps({"prompt": e.prompt, "response": r.text}) + "\n")
+                f.flush()
+                bar.update(len(chunk))
+        bar.close()
     return [Example(e.prompt, done[e.prompt], e.source) for e in examples]
 
 

