@@ -194,3 +194,17 @@ def test_synthetic_rates_checked(tiny_lm):
                           ([0.5, 0.6, 0.1], "non-increasing"), ([0.9, 0.5, -0.1], "each in [0, 1]")):
         with pytest.raises(UserError, match=needle.replace("[", r"\[").replace("]", r"\]")):
             _engine(tiny_lm, NgramDrafter(), 3, acceptance="synthetic", kw={"rates": rates})
+
+
+def test_worker_keeps_order_and_raises_in_the_caller():
+    from specbench.engine.loop import _Worker
+
+    w = _Worker(lambda x: 10 // x)
+    for x in (1, 2, 0, 5):
+        w.submit(x)
+    assert [w.result(), w.result()] == [10, 5]
+    with pytest.raises(ZeroDivisionError):
+        w.result()
+    assert w.result() == 2
+    w.close()
+    assert not w.thread.is_alive()
