@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from specbench.core.types import PAD_ID, DraftTree, Verdict
-from specbench.core.sampling import Gen, SamplingParams, sample_from, target_probs, uniform
+from specbench.core.sampling import Gen, SamplingParams, sample_from, select, target_probs, uniform
 
 
 def _node_structure(tree: DraftTree) -> tuple[Tensor, Tensor, Tensor]:
@@ -41,8 +41,8 @@ def _node_structure(tree: DraftTree) -> tuple[Tensor, Tensor, Tensor]:
     valid = torch.arange(N, device=dev)[None] < tree.lens[:, None]
     parent_fwd = (tree.parents + 1).clamp(min=0)
     W = max(tree.width, 1)
-    children = torch.full((B, N + 1, W), -1, dtype=torch.long, device=dev)
     if tree.is_chain:
+        children = torch.full((B, N + 1, W), -1, dtype=torch.long, device=dev)
         children[:, :N, 0] = torch.arange(N, device=dev).expand(B, N).masked_fill(~valid, -1)
         return valid, parent_fwd, children
     # rank of a node among its siblings = earlier valid nodes with the same parent
@@ -252,8 +252,7 @@ def verify_synthetic(tree: DraftTree, logits: Tensor, params: SamplingParams, ge
             num_acc += acc.long()
             last = torch.where(acc, child + 1, last)
             alive &= acc
-    at = logits[torch.arange(B, device=dev), last]  # [B, V]
-    extra = at.argmax(-1) if params.greedy else sample_from(target_probs(at[:, None], params)[:, 0], gen)
+    extra = select(logits[torch.arange(B, device=dev), last], params, gen)  # the target's pick at the last kept node
     return _finish(tree, path, num_acc, extra)
 
 

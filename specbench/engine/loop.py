@@ -43,10 +43,10 @@ every draw takes a fixed amount from that stream per step, so its output does no
 
 from __future__ import annotations
 
-import time
-from collections import deque
 import queue
 import threading
+import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable
 
@@ -402,8 +402,8 @@ class Engine:
             event.record()
             packed = host
         launched = Launched(packed, event, step, t_step, self._t_draft, time.perf_counter(), list(slots))
-        if event is None and self.exact_lens_on_cpu:  # CPU: the step has run, its accepted counts cost nothing to read: exact lengths now,
-            self._correct_lens(launched, packed[:, -3].tolist(), slots)  # so attention sizes are the sync loop's
+        if event is None and self.exact_lens_on_cpu:  # CPU: the step has run, reading its accepted counts costs
+            self._correct_lens(launched, packed[:, -3].tolist(), slots)  # nothing: exact lengths, as the sync loop
             launched.exact = True
         return launched
 

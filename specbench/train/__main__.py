@@ -39,7 +39,7 @@ def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
         eng = Engine(target, tokenizer, batch_size=8, params=SamplingParams(), progress=False,
                      stop=StopCriteria(frozenset({tokenizer.eos_token_id}), max_new))
         bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True,
-                   initial=0, postfix={"cached": len(done)})
+                   postfix={"cached": len(done)})
         with open(cache, "a") as f:  # in chunks, appended as they finish: an interrupted run resumes after them
             for lo in range(0, len(todo), REGEN_CHUNK):
                 chunk = todo[lo: lo + REGEN_CHUNK]
