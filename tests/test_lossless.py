@@ -93,10 +93,24 @@ def chi2(counts: torch.Tensor, p: torch.Tensor) -> tuple[float, float]:
     return stat, dof * (1 - a + Z_1E6 * math.sqrt(a)) ** 3
 
 
+REDUCED = torch.tensor([0, 1, 3])
+
+
+def _reduced(model, ids):
+    import copy
+
+    from specbench.models.shared_draft import restrict_head
+
+    m = copy.deepcopy(model)
+    return restrict_head(m, m.output.weight, ids)
+
+
 def _cases(models):
     target, draft, head, medusa, mlp = models
     return {
         "draft_model_chain": lambda: DraftModelDrafter(model=draft.model),
+        # a reduced head (the compact shared-table form's d2t): q lives on 3 of 4 tokens
+        "draft_model_reduced": lambda: DraftModelDrafter(model=_reduced(draft.model, REDUCED), vocab_ids=REDUCED),
         "eagle3_chain": lambda: EagleDrafter(path=head),
         "eagle3_tree": lambda: EagleDrafter(path=head, tree={"topk": 2, "num_draft_tokens": 5}),
         "ngram_point_mass": lambda: NgramDrafter(min_n=1, max_n=2),
@@ -122,8 +136,8 @@ def _broken_verify(tree, logits, params, gen, rule="auto", draws=None, **kw):
     return vf._descend(tree, probs, accept, gen, lossless=False, draws=draws)
 
 
-CASES = ["draft_model_chain", "eagle3_chain", "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree",
-         "mlp_speculator_chain", "mlp_speculator_tree"]
+CASES = ["draft_model_chain", "draft_model_reduced", "eagle3_chain", "eagle3_tree", "ngram_point_mass", "table_tree",
+         "medusa_tree", "mlp_speculator_chain", "mlp_speculator_tree"]
 
 
 @pytest.mark.slow

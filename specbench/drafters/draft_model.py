@@ -16,7 +16,8 @@ from torch import Tensor
 from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
 from specbench.core.sampling import SamplingParams, sample_from, target_probs
 from specbench.errors import UserError
-from specbench.models.loading import load_model
+from specbench.models.loading import load_model, resolve_folder
+from specbench.models.shared_draft import is_compact, load_compact
 
 SHIPPED = Path(__file__).resolve().parent.parent / "weights" / "smollm2-135m-draft"
 
@@ -26,16 +27,18 @@ class DraftModelDrafter:
     shardable = True  # parallel.draft_tp = tp shards the draft model like the target (see `transform`)
 
     def __init__(self, path: str | None = None, max_draft_len: int = 16, temperature: float | None = None,
-                 cache_dir: str | None = None, model=None) -> None:
+                 cache_dir: str | None = None, model=None, vocab_ids: Tensor | None = None) -> None:
         """path: HF folder / .safetensors / .gguf of the draft model (null = the one shipped for the embedded
-        SmolLM2 target, when present). temperature: the draft's sampling
-        temperature (null = the run's); `model` passes an already built Transformer (tests)."""
+        SmolLM2 target, when present); a folder in the compact form (`models/shared_draft.py`) gets the
+        target's embedding and lm_head at setup. temperature: the draft's sampling temperature (null = the
+        run's); `model` passes an already built Transformer (tests, training), `vocab_ids` the target ids of its
+        reduced head's rows (None = a full-vocabulary head)."""
         if path is None and model is None:
             if not (SHIPPED / "config.json").is_file():
                 raise UserError("method=draft_model needs method.drafter.path=<HF folder, .safetensors or .gguf>")
             path = str(SHIPPED)  # the draft model shipped for the embedded SmolLM2 target
         self.path, self.max_draft_len, self.temperature = path, max_draft_len, temperature
-        self.cache_dir, self.model = cache_dir, model
+        self.cache_dir, self.model, self.vocab_ids = cache_dir, model, vocab_ids
         self.transform = None  # set by the run under parallel.draft_tp > 1: applied once to the loaded model
 
     # ------------------------------------------------------------------------------------------ setup
@@ -45,14 +48,20 @@ class DraftModelDrafter:
     def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams,
               gen: torch.Generator) -> None:
         if self.model is None:
-            self.model = load_model(self.path, target.dtype, target.device, self.cache_dir).model
+            folder = resolve_folder(self.path, self.cache_dir)[0]
+            if is_compact(folder):  # stored without the vocabulary tables: the target's are shared
+                self.model, self.vocab_ids = load_compact(folder, target, target.dtype, target.device)
+            else:
+                self.model = load_model(self.path, target.dtype, target.device, self.cache_dir).model
         if self.transform is not None:
             self.model, self.transform = self.transform(self.model), None
         m, t = self.model.config, target.config
         if m.vocab_size != t.vocab_size:
             raise UserError(f"draft model {self.path}: vocab_size {m.vocab_size} != target's {t.vocab_size}; "
                             "a draft model must share the target's tokenizer")
-        self.device = target.device
+        self.device, self.vocab_size = target.device, t.vocab_size
+        if self.vocab_ids is not None:
+            self.vocab_ids = self.vocab_ids.to(self.device)
         self.cache = self.model.new_cache(batch_size, max_len + 2)
         self.pending = torch.zeros(batch_size, 2, dtype=torch.long, device=self.device)  # [B, 2]
         self.num_pending = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1 or 2
@@ -71,11 +80,18 @@ class DraftModelDrafter:
         self.num_pending[lo:hi] = 1
 
     def _pick(self, logits: Tensor, gen) -> tuple[Tensor, Tensor | None]:
-        """logits [B, V] -> token [B], draft distribution [B, V] (None when greedy)."""
+        """logits [B, V] (or [B, Vd] from a reduced head) -> token [B], draft distribution [B, V] (None when
+        greedy). A reduced head's distribution is zero outside its vocabulary."""
+        ids = self.vocab_ids
         if self.params.greedy:
-            return logits.argmax(-1), None
+            x = logits.argmax(-1)
+            return (x if ids is None else ids[x]), None
         q = target_probs(logits, self.params)
-        return sample_from(q, gen), q
+        x = sample_from(q, gen)
+        if ids is None:
+            return x, q
+        full = q.new_zeros(q.shape[0], self.vocab_size).index_copy_(1, ids, q)
+        return ids[x], full
 
     def propose(self, state: BatchState) -> DraftTree:
         k = state.k

@@ -61,7 +61,13 @@ def build_draft_model(cfg: DictConfig, lm, items, prompts):
     method = DraftModelMethod(lm.model, lm.tokenizer, init=m.init, layers=list(m.layers), num_layers=m.num_layers,
                               width={k: v for k, v in width.items() if v is not None} if m.init == "scratch" else None,
                               eval_prompts=prompts, eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens),
-                              embed_init=str(m.get("embed_init", "random")))
+                              embed_init=str(m.get("embed_init", "random")),
+                              target_tables=bool(m.get("target_tables", False)),
+                              draft_vocab_size=None if m.get("draft_vocab_size") is None else int(m.draft_vocab_size),
+                              items=items)
+    if method.vocab_ids is not None and cfg.data.teacher == "cached":
+        raise UserError(f"train.method.draft_vocab_size={m.draft_vocab_size} with data.teacher=cached: the cached "
+                        "top-k tokens are not the draft vocabulary; valid: data.teacher=online or states")
     if cfg.data.teacher == "states":  # shares the EAGLE-3 state cache for the same data (default aux layers)
         from specbench.models.eagle import default_aux_layers
         from specbench.models.loading import cache_root

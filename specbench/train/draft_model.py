@@ -4,6 +4,12 @@ The student is initialised from a subset of the target's layers (embedding, the 
 head) or from scratch with the same width; it is exported in the standard HF format (config.json +
 model.safetensors in bf16 + tokenizer), so `method=draft_model method.drafter.path=<dir>` and any HF loader
 read it.
+
+With `target_tables` the student uses the target's embedding and lm_head, frozen: they are neither trained nor
+checkpointed, and the export is the compact form of `models/shared_draft.py` (layers and norm only) plus the
+complete HF model in `<out>/full`. `draft_vocab_size` then restricts the head to the most frequent response
+tokens (EAGLE-3's d2t): the student scores only those rows of the target's lm_head, and it learns the target's
+distribution renormalised over them.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from torch import Tensor
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.errors import UserError
 from specbench.models.loading import hf_state_dict
+from specbench.models.shared_draft import FLAG, OWN_TABLES, compact_state_dict, restrict_head
 from specbench.models.transformer import Transformer, rope_inv_freq
 from specbench.train.evaluate import loop_acceptance
 
@@ -69,7 +76,8 @@ class DraftModelMethod:
 
     def __init__(self, target: Transformer, tokenizer, *, init: str = "target_layers", layers: list[int] | None = None,
                  num_layers: int | None = None, width: dict | None = None, eval_prompts: list | None = None,
-                 eval_k: int = 4, eval_max_new_tokens: int = 48, embed_init: str = "random") -> None:
+                 eval_k: int = 4, eval_max_new_tokens: int = 48, embed_init: str = "random",
+                 target_tables: bool = False, draft_vocab_size: int | None = None, items: list | None = None) -> None:
         if init not in ("target_layers", "scratch"):
             raise UserError(f"train.method.init={init!r}; valid: target_layers, scratch")
         if embed_init not in ("random", "svd"):
@@ -88,8 +96,35 @@ class DraftModelMethod:
             raise UserError(f"train.method.embed_init={embed_init!r} needs init=scratch")
         self.student.train().requires_grad_(True)
         self.eval_prompts, self.eval_k, self.eval_max_new = eval_prompts or [], eval_k, eval_max_new_tokens
+        self.target_tables, self.vocab_ids = bool(target_tables), None
+        if draft_vocab_size is not None and not self.target_tables:
+            raise UserError(f"train.method.draft_vocab_size={draft_vocab_size}: a reduced head is made of the "
+                            "target's lm_head rows; it needs train.method.target_tables=true")
+        if self.target_tables:
+            self._share_tables()
+            if draft_vocab_size is not None:
+                from specbench.train.eagle3 import draft_vocabulary
+
+                V = target.config.vocab_size
+                self.vocab_ids = draft_vocabulary(items or [], V, int(draft_vocab_size),
+                                                  tuple(target.config.eos_token_id))
+                self.head_rows = self.student.output.weight[self.vocab_ids]  # [Vd, H], frozen
         self.teacher = None  # a TeacherTopK to train from cached target top-k log-probs instead of on the fly
         self.states = None  # or a TargetStates cache (full-vocabulary KL from the cached final-normed states)
+
+    @torch.no_grad()
+    def _share_tables(self) -> None:
+        """The student's embedding and lm_head become the target's (fp32 copies, frozen, never saved)."""
+        s, t = self.student, self.target
+        if s.config.hidden_size != t.config.hidden_size:
+            raise UserError(f"train.method.target_tables=true needs the target's width: hidden_size "
+                            f"{s.config.hidden_size} != {t.config.hidden_size}")
+        s.tok_embeddings.weight = torch.nn.Parameter(t.tok_embeddings.weight.float().clone(), requires_grad=False)
+        s.config.tie_word_embeddings = t.config.tie_word_embeddings
+        if t.config.tie_word_embeddings:
+            s.output.weight = s.tok_embeddings.weight
+        else:
+            s.output.weight = torch.nn.Parameter(t.output.weight.float().clone(), requires_grad=False)
 
     @torch.no_grad()
     def _svd_embedding(self) -> None:
@@ -121,7 +156,10 @@ class DraftModelMethod:
         dummy = torch.zeros(B, 1, dtype=torch.long, device=ids.device)
         sel = mask.reshape(-1).nonzero().squeeze(1)  # [n] flat indices of trained positions
         h = self.student(ids, None, logit_index=dummy, return_normed=True).normed
-        s_logits = self.student.output(h.reshape(B * T, -1)[sel]).float()  # [n, V]
+        if self.vocab_ids is not None:  # a reduced head: the target's lm_head rows of the draft vocabulary
+            s_logits = F.linear(h.reshape(B * T, -1)[sel], self.head_rows).float()  # [n, Vd]
+        else:
+            s_logits = self.student.output(h.reshape(B * T, -1)[sel]).float()  # [n, V]
         if self.teacher is not None:
             vals, tok = self.teacher.get(index, T)  # [B, T, k]
             vals, tok = vals.reshape(B * T, -1)[sel], tok.reshape(B * T, -1)[sel]
@@ -136,6 +174,8 @@ class DraftModelMethod:
                 else:
                     normed = self.target(ids, None, logit_index=dummy, return_normed=True).normed
                 t_logits = self.target.output(normed.reshape(B * T, -1)[sel].to(self.target.dtype)).float()
+                if self.vocab_ids is not None:  # the target renormalised over the draft vocabulary
+                    t_logits = t_logits[:, self.vocab_ids]
                 t_logp = F.log_softmax(t_logits, dim=-1)
                 t_p = t_logp.exp()
                 entropy = -(t_p * t_logp).sum(-1).mean() if sel.numel() else torch.zeros(())
@@ -147,8 +187,9 @@ class DraftModelMethod:
         return loss, {"top1_agreement": float(top1)}
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {k: v for k, v in self.student.state_dict().items()
-                if not (self.student.config.tie_word_embeddings and k == "output.weight")}
+        tied = self.student.config.tie_word_embeddings
+        skip = OWN_TABLES if self.target_tables else ("output.weight",) if tied else ()
+        return {k: v for k, v in self.student.state_dict().items() if k not in skip}
 
     def load_state_dict(self, sd: dict[str, Tensor]) -> None:
         self.student.load_state_dict(sd, strict=False)
@@ -163,19 +204,29 @@ class DraftModelMethod:
         was_training = self.student.training
         self.student.eval()
         draft = copy.deepcopy(self.student).to(self.target.dtype).requires_grad_(False)
-        out = loop_acceptance(self.target, self.tokenizer, self.eval_prompts, DraftModelDrafter(model=draft),
-                              self.eval_k, self.eval_max_new)
+        if self.vocab_ids is not None:  # as `models.shared_draft.load_compact` builds it
+            restrict_head(draft, draft.output.weight, self.vocab_ids)
+        out = loop_acceptance(self.target, self.tokenizer, self.eval_prompts,
+                              DraftModelDrafter(model=draft, vocab_ids=self.vocab_ids), self.eval_k, self.eval_max_new)
         self.student.train(was_training)
         return out
 
     def export(self, out_dir: Path) -> None:
-        """HF format, bf16: config.json, model.safetensors, tokenizer files."""
+        """HF format, bf16: config.json, model.safetensors, tokenizer files. With target_tables: the compact
+        form (no vocabulary tables, `d2t` for a reduced head) there and the complete HF model in `out_dir/full`."""
         from safetensors.torch import save_file
 
-        out_dir.mkdir(parents=True, exist_ok=True)
         sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in hf_state_dict(self.student).items()}
-        save_file(sd, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
         cfg = self.student.config.to_hf()
         cfg["torch_dtype"] = "bfloat16"
-        (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-        self.tokenizer.save_pretrained(str(out_dir))
+        folders = [(out_dir, sd, cfg)]
+        if self.target_tables:
+            compact = {**cfg, FLAG: True}
+            if self.vocab_ids is not None:
+                compact["draft_vocab_size"] = len(self.vocab_ids)
+            folders = [(out_dir, compact_state_dict(sd, self.vocab_ids), compact), (out_dir / "full", sd, cfg)]
+        for folder, weights, config in folders:
+            folder.mkdir(parents=True, exist_ok=True)
+            save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+            (folder / "config.json").write_text(json.dumps(config, indent=2))
+            self.tokenizer.save_pretrained(str(folder))

@@ -1,0 +1,213 @@
+"""A draft model that shares the target's embedding and lm_head (`train.method.target_tables=true`): the tables
+are frozen and never saved, the export is the compact form plus the complete HF model, loading puts the
+target's own tensors in place, and a reduced head (`draft_vocab_size`, EAGLE-3's d2t) drafts only its
+vocabulary while the output stays the target's. Tied and untied targets."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from conftest import TINY_CORPUS, make_hf_model, write_jsonl
+from specbench.core.request import Request
+from specbench.core.sampling import SamplingParams
+from specbench.data.prompts import Prompt
+from specbench.drafters.draft_model import DraftModelDrafter
+from specbench.engine.loop import Engine, StopCriteria
+from specbench.errors import UserError
+from specbench.models.loading import hf_state_dict, load_model
+from specbench.models.shared_draft import FLAG, compact_state_dict
+from specbench.train.data import load_examples, tokenize
+from specbench.train.draft_model import DraftModelMethod
+from specbench.train.trainer import Trainer, TrainSettings
+
+CPU = torch.device("cpu")
+PROMPTS = [[5, 17, 99, 3, 250, 7, 8], [40, 41, 42], [300, 3, 9, 11, 12]]
+
+
+@pytest.fixture(scope="module", params=["untied", "tied"])
+def target(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp(f"target_{request.param}")
+    make_hf_model(d, tie=request.param == "tied")
+    return load_model(str(d), torch.float32, CPU)
+
+
+@pytest.fixture(scope="module")
+def items(target, tmp_path_factory):
+    recs = [{"instruction": TINY_CORPUS[i % 4].split()[0], "output": " ".join(TINY_CORPUS[i % 4].split()[1:] * 2)}
+            for i in range(16)]
+    return tokenize(load_examples(write_jsonl(tmp_path_factory.mktemp("data") / "d.jsonl", recs)), target.tokenizer, 48)
+
+
+def _method(target, items, **kw):
+    prompts = [Prompt(id="0", prompt="the quick brown")]
+    return DraftModelMethod(target.model, target.tokenizer, target_tables=True, items=items, eval_prompts=prompts,
+                            eval_k=3, eval_max_new_tokens=8, **{"layers": [0], **kw})
+
+
+def _keys(path) -> set[str]:
+    with safe_open(str(path), "pt") as f:
+        return set(f.keys())
+
+
+def test_tables_are_the_targets_frozen_and_not_saved(target, items, tmp_path):
+    m = _method(target, items)
+    trained = {n for n, p in m.student.named_parameters() if p.requires_grad}
+    assert trained and not any(n.startswith(("tok_embeddings", "output")) for n in trained)
+    emb0 = m.student.tok_embeddings.weight.detach().clone()
+    layer0 = m.student.layers[0].attn.wqkv.weight.detach().clone()
+    Trainer(m, items, TrainSettings(steps=4, batch_size=4, lr=1e-2, warmup=1, eval_every=0, save_every=2,
+                                    log_every=2, bf16=False), tmp_path / "run", progress=False).fit()
+    assert torch.equal(m.student.tok_embeddings.weight, emb0)  # frozen
+    assert torch.equal(emb0, target.model.tok_embeddings.weight.float())
+    assert not torch.equal(m.student.layers[0].attn.wqkv.weight, layer0)  # the layers did train
+    assert not any(k.startswith(("tok_embeddings", "output")) for k in m.state_dict())
+    saved = _keys(tmp_path / "run/checkpoint/model.safetensors")
+    assert not any(k.startswith(("tok_embeddings", "output")) for k in saved)
+
+    m.export(tmp_path / "model")
+    cfg = json.loads((tmp_path / "model/config.json").read_text())
+    assert cfg[FLAG] is True and "draft_vocab_size" not in cfg
+    keys = _keys(tmp_path / "model/model.safetensors")
+    assert keys == {k for k in hf_state_dict(m.student) if k.startswith("model.layers.")} | {"model.norm.weight"}
+    full = load_model(str(tmp_path / "model/full"), torch.float32, CPU).model  # the complete HF model
+    assert full.config.num_layers == 1
+    assert torch.equal(full.tok_embeddings.weight, target.model.tok_embeddings.weight.bfloat16().float())
+    assert torch.equal(full.output.weight, target.model.output.weight.bfloat16().float())
+
+    d = DraftModelDrafter(path=str(tmp_path / "model"))
+    d.setup(target.model, 2, 64, 3, SamplingParams(), torch.Generator())
+    assert d.model.tok_embeddings.weight.data_ptr() == target.model.tok_embeddings.weight.data_ptr()  # shared
+    assert d.model.output.weight.data_ptr() == target.model.output.weight.data_ptr()
+    assert d.vocab_ids is None
+    for k, v in d.model.layers.state_dict().items():
+        assert torch.equal(v, full.layers.state_dict()[k]), k
+
+
+def _save_compact(method, folder, ids=None):
+    """The compact folder in float32 (the trainer's export is bf16) so a copy of the target is exact."""
+    folder.mkdir(parents=True)
+    save_file(compact_state_dict(hf_state_dict(method.student), ids), str(folder / "model.safetensors"))
+    cfg = {**method.student.config.to_hf(), FLAG: True}
+    if ids is not None:
+        cfg["draft_vocab_size"] = len(ids)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    return str(folder)
+
+
+class Recording(DraftModelDrafter):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.drafted: list[int] = []
+
+    def propose(self, state):
+        tree = super().propose(state)
+        self.drafted.extend(tree.tokens[state.active.bool()].flatten().tolist())
+        return tree
+
+
+def _run(target, drafter, k=3, max_new=20):
+    e = Engine(target.model, target.tokenizer, batch_size=2, stop=StopCriteria(frozenset(), max_new),
+               params=SamplingParams(), seed=0, progress=False, drafter=drafter, k=k)
+    return e.run([Request(id=str(i), prompt="", prompt_ids=list(p)) for i, p in enumerate(PROMPTS)])
+
+
+def test_self_draft_accepts_everything_and_a_reduced_head_only_its_vocabulary(target, items, tmp_path):
+    """The target's own layers with its tables: every draft is accepted. With the head reduced to the
+    reference output's tokens less one (X), the drafts stay in that vocabulary, X is never drafted, so every
+    step whose next token is X rejects there, and the output is still the target's, token for token."""
+    ref = _run(target, None, 0)
+    m = _method(target, items, layers=[0, 1])
+    full = Recording(path=_save_compact(m, tmp_path / "full"))
+    out = _run(target, full)
+    assert [r.output_ids for r in out] == [r.output_ids for r in ref]
+    for r in out:  # k accepted at every step but the last, which the 20-token limit may cut short
+        assert all(a == 3 for a in r.accepted_per_step[:-1]), r.accepted_per_step
+
+    produced = [t for r in ref for t in r.output_ids]
+    x = max(set(produced), key=produced.count)  # the most frequent output token leaves the vocabulary
+    ids = torch.tensor(sorted(set(produced) - {x}))
+    reduced = Recording(path=_save_compact(m, tmp_path / "reduced", ids))
+    out = _run(target, reduced)
+    assert [r.output_ids for r in out] == [r.output_ids for r in ref]
+    assert reduced.vocab_ids.tolist() == ids.tolist()
+    assert reduced.drafted and set(reduced.drafted) <= set(ids.tolist()) and x not in reduced.drafted
+    accepted = sum(sum(r.accepted_per_step) for r in out)
+    assert 0 < accepted < sum(sum(r.accepted_per_step) for r in _run(target, Recording(path=str(tmp_path / "full"))))
+
+
+def test_reduced_head_sampling_puts_no_mass_outside(target, items, tmp_path):
+    m = _method(target, items, layers=[0, 1])
+    ids = torch.tensor([2, 5, 17, 40, 99])
+    d = DraftModelDrafter(path=_save_compact(m, tmp_path / "r", ids), temperature=1.0)
+    d.setup(target.model, 1, 32, 2, SamplingParams(1.0), torch.Generator().manual_seed(0))
+    x, q = d._pick(torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]]), torch.Generator().manual_seed(1))
+    assert q.shape == (1, target.model.config.vocab_size) and int(x) in ids.tolist()
+    torch.testing.assert_close(q[0, ids], torch.softmax(torch.arange(5.0), 0))
+    assert float(q.sum()) == pytest.approx(1.0) and float(q[0].index_fill(0, ids, 0).abs().sum()) == 0
+
+
+def test_reduced_loss_of_the_targets_own_layers_is_zero(target, items):
+    """Student = target (all its layers, its tables): over the draft vocabulary both distributions are the
+    target's renormalised, so the KL is 0 and the top-1 agreement 1."""
+    batch = torch.nn.utils.rnn.pad_sequence([torch.tensor(x.ids) for x in items[:4]], batch_first=True)
+    mask = torch.nn.utils.rnn.pad_sequence([torch.tensor(x.loss_mask, dtype=torch.float) for x in items[:4]],
+                                           batch_first=True)
+    for vocab in (None, 12):
+        m = _method(target, items, layers=[0, 1], draft_vocab_size=vocab)
+        assert vocab is None or len(m.vocab_ids) == 12
+        loss, stats = m.loss(batch, mask)
+        assert abs(float(loss)) < 1e-4 and stats["top1_agreement"] == 1.0
+
+
+def test_bad_settings_and_folders(target, items, tmp_path):
+    with pytest.raises(UserError, match="draft_vocab_size=8: .* needs train.method.target_tables=true"):
+        DraftModelMethod(target.model, target.tokenizer, draft_vocab_size=8)
+    with pytest.raises(UserError, match="target_tables=true needs the target's width: hidden_size 32 != 64"):
+        DraftModelMethod(target.model, target.tokenizer, init="scratch", width={"hidden_size": 32},
+                         target_tables=True)
+    m = _method(target, items)
+    bad = tmp_path / "dup"
+    _save_compact(m, bad, torch.tensor([3, 4, 5]))
+    sd = {k: v for k, v in compact_state_dict(hf_state_dict(m.student), None).items()}
+    save_file({**sd, "d2t": torch.tensor([3, 2, 1])}, str(bad / "model.safetensors"))  # ids 3, 3, 3
+    with pytest.raises(UserError, match="d2t does not map 3 draft tokens to distinct ids"):
+        DraftModelDrafter(path=str(bad)).setup(target.model, 1, 32, 2, SamplingParams(), torch.Generator())
+    save_file({**sd, "model.embed_tokens.weight": target.model.tok_embeddings.weight}, str(bad / "model.safetensors"))
+    with pytest.raises(UserError, match="weights hold 'model.embed_tokens.weight'"):
+        DraftModelDrafter(path=str(bad)).setup(target.model, 1, 32, 2, SamplingParams(), torch.Generator())
+    other = tmp_path / "other_target"
+    make_hf_model(other, hidden=32, heads=2, kv_heads=1)
+    narrow = load_model(str(other), torch.float32, CPU).model
+    with pytest.raises(UserError, match="needs the target's vocabulary and width"):
+        DraftModelDrafter(path=_save_compact(m, tmp_path / "wide")).setup(narrow, 1, 32, 2, SamplingParams(),
+                                                                         torch.Generator())
+
+
+def test_train_cli_target_tables(tmp_path, tiny_dir):
+    recs = [{"instruction": TINY_CORPUS[i % 4].split()[0], "output": " ".join(TINY_CORPUS[i % 4].split()[1:])}
+            for i in range(12)]
+    data = write_jsonl(tmp_path / "d.jsonl", recs)
+    args = [sys.executable, "-m", "specbench.train", f"model.path={tiny_dir}", f"data.paths=[{data}]",
+            "data.eval_prompts=2", "train.steps=2", "train.batch_size=2", "progress=false", "method.layers=[0]",
+            "dtype=float32", f"hydra.run.dir={tmp_path / 'run'}", "method.target_tables=true",
+            "method.draft_vocab_size=30"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    cfg = json.loads((tmp_path / "run/model/config.json").read_text())
+    assert cfg[FLAG] is True and cfg["draft_vocab_size"] == 30
+    assert "d2t" in _keys(tmp_path / "run/model/model.safetensors")
+    assert "model.embed_tokens.weight" in _keys(tmp_path / "run/model/full/model.safetensors")
+    run = subprocess.run([sys.executable, "-m", "specbench", f"model.path={tiny_dir}", "method=draft_model",
+                          f"method.drafter.path={tmp_path / 'run/model'}", "k=2", "dataset.limit=1",
+                          "max_new_tokens=8", "dtype=float32", f"hydra.run.dir={tmp_path / 'dec'}"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    bad = subprocess.run([*args, "data.teacher=cached"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "draft_vocab_size=30 with data.teacher=cached" in bad.stderr
