@@ -105,13 +105,15 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 def make_eagle_head(folder: Path, target_cfg: dict, *, version: int = 3, draft_vocab: int | None = None,
                     aux_ids: list[int] | None = None, seed: int = 0, scale: float = 0.08, fmt: str = "reference",
-                    fc_bias: bool = True, embed: bool = False, dtype: torch.dtype = torch.float32) -> dict:
+                    fc_bias: bool = True, embed: bool = False, dtype: torch.dtype = torch.float32,
+                    fc_norm: bool = False) -> dict:
     """Save a random EAGLE head for a target (its HF config dict) in a public format; returns its state dict.
 
     fmt: `reference` (SafeAILab/EAGLE config: LlamaForCausalLM, no rope_theta, pytorch_model.bin),
     `specforge` (LlamaForCausalLMEagle3, eagle_config with aux ids, model.safetensors), `speculators`
     (Eagle3Speculator with transformer_layer_config). EAGLE-1: `layers.0.*` without input norm, fc over
-    embedding ‖ feature (bias when fc_bias), a copy of the embedding, no norm / lm_head.
+    embedding ‖ feature (bias when fc_bias), a copy of the embedding, no norm / lm_head. fc_norm: EAGLE-3.1's
+    per-state norms `fc_norm.{0,1,2}.weight` and `"fc_norm": true` at the config's top level.
     """
     from safetensors.torch import save_file
 
@@ -126,6 +128,9 @@ def make_eagle_head(folder: Path, target_cfg: dict, *, version: int = 3, draft_v
     if version == 3:
         pre, a_in = "midlayer.", 2 * H
         sd["fc.weight"] = rnd(H, 3 * H)
+        if fc_norm:
+            for i in range(3):
+                sd[f"fc_norm.{i}.weight"] = ones(H)
         sd[pre + "input_layernorm.weight"] = ones(H)
         sd[pre + "hidden_norm.weight"] = ones(H)
         sd["norm.weight"] = ones(H)
@@ -165,6 +170,8 @@ def make_eagle_head(folder: Path, target_cfg: dict, *, version: int = 3, draft_v
                "target_hidden_size": H, "eagle_aux_hidden_state_layer_ids": aux_ids,
                "speculators_config": {"algorithm": "eagle3", "proposal_methods": [
                    {"proposal_type": "greedy", "speculative_tokens": 3}]}}
+    if fc_norm:
+        cfg["fc_norm"] = True
     if aux_ids is not None and fmt == "reference":
         cfg["eagle_aux_hidden_state_layer_ids"] = aux_ids
     folder.mkdir(parents=True, exist_ok=True)

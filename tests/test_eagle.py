@@ -188,6 +188,35 @@ def test_greedy_is_token_identical(target, head3, tree, batch_size):
         assert d.hidden_layers == (2, 3, 4)
 
 
+def test_fc_norm_head_eagle_3_1(tmp_path, target, tcfg):
+    """EAGLE-3.1 (`"fc_norm": true`): each captured state is RMS-normalised with its own weight before fc,
+    computed here by hand; the export keeps the flag and the three norms; greedy stays token-identical."""
+    sd = make_eagle_head(tmp_path / "h", tcfg, draft_vocab=200, aux_ids=[2, 3, 4], fmt="specforge", fc_norm=True)
+    head = load_eagle(tmp_path / "h", target.model)
+    assert head.config.fc_norm and len(head.fc_norm) == 3
+    H = tcfg["hidden_size"]
+    states = torch.randn(2, 5, 3 * H) * torch.tensor([0.1, 3.0, 40.0]).repeat_interleave(H)  # very unequal scales
+    want = []
+    for i in range(3):
+        x = states[..., i * H:(i + 1) * H]
+        want.append(x / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-5) * sd[f"fc_norm.{i}.weight"])
+    torch.testing.assert_close(head.project(states), torch.cat(want, -1) @ sd["fc.weight"].T, atol=1e-5, rtol=1e-5)
+    save_eagle(head, tmp_path / "out", dtype=torch.float32)
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    from safetensors.torch import load_file
+
+    assert cfg["fc_norm"] is True and {f"fc_norm.{i}.weight" for i in range(3)} <= set(load_file(
+        str(tmp_path / "out" / "model.safetensors")))
+    plain = json.loads((tmp_path / "h" / "config.json").read_text())
+    plain.pop("fc_norm")
+    (tmp_path / "h" / "config.json").write_text(json.dumps(plain))  # the weights alone say so too
+    assert load_eagle(tmp_path / "h", target.model).config.fc_norm
+    _, ref = _run(target, max_new=16)
+    for tree in (None, TREE):
+        _, res = _run(target, EagleDrafter(path=str(tmp_path / "out"), tree=tree), k=3, batch_size=2)
+        assert [r.output_ids for r in res] == [r.output_ids for r in ref]
+
+
 def test_proposals_are_in_the_draft_vocabulary(target, head3):
     d = EagleDrafter(path=str(head3), tree=TREE)
     trees = []

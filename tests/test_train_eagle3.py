@@ -57,11 +57,15 @@ def test_draft_vocabulary_is_the_most_frequent_response_tokens(items):
 
 
 @torch.no_grad()
-def test_training_time_test_is_the_inference_computation(tiny, items):
+@pytest.mark.parametrize("fc_norm", [False, True], ids=["eagle3", "eagle3.1_fc_norm"])
+def test_training_time_test_is_the_inference_computation(tiny, items, fc_norm):
     """o_j at index i from the unrolled training forward == the chain drafter's depth-(j+1) forward after the
     pairs 0..i were cached: the same pairs, positions and attention (prefix + own chain)."""
-    m = _method(tiny, items, ttt_steps=4)
+    m = _method(tiny, items, ttt_steps=4, fc_norm=fc_norm)
     head = m.head
+    if fc_norm:  # trained norms: not all ones
+        for n in head.fc_norm:
+            n.weight.uniform_(0.5, 1.5)
     ids = torch.tensor([items[0].ids[:20]])
     aux = torch.cat(tiny.model(ids, None, hidden_layers=AUX).hidden, -1)
     outs = dict(m.unroll(ids, aux))
@@ -111,12 +115,16 @@ def test_cached_states_match_online(tiny, items, tmp_path):
     assert again.dir == method.states.dir and [f.stat().st_mtime_ns for f in files] == stamp  # reused
 
 
-def test_export_round_trips_bit_exactly(tiny, items, tmp_path):
-    method = _method(tiny, items)
+@pytest.mark.parametrize("fc_norm", [False, True], ids=["eagle3", "eagle3.1_fc_norm"])
+def test_export_round_trips_bit_exactly(tiny, items, tmp_path, fc_norm):
+    method = _method(tiny, items, fc_norm=fc_norm)
     Trainer(method, items, _settings(steps=3), tmp_path, progress=False).fit()
     method.export(tmp_path / "head")
     back = load_eagle(tmp_path / "head", tiny.model)  # float32 target: the bf16 file widened exactly
     assert back.config.aux_layers == AUX and back.config.draft_vocab_size == 200
+    assert back.config.fc_norm == fc_norm == ("fc_norm" in json.loads((tmp_path / "head/config.json").read_text()))
+    if fc_norm:  # the norms trained (they start at ones)
+        assert not torch.equal(back.fc_norm[2].weight, torch.ones_like(back.fc_norm[2].weight))
     want = method.head.state_dict()
     for k, v in back.state_dict().items():
         w = want[k] if k in ("d2t", "t2d") else want[k].to(torch.bfloat16).float()

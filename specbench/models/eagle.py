@@ -4,6 +4,8 @@ An EAGLE head is one decoder layer that runs beside the target. Each draft posit
 with the embedding of the token that follows it and predicts the token after that:
 
     EAGLE-3:  h = fc(low ‖ mid ‖ high target states)  (first step; later steps feed the draft's own output o)
+              (EAGLE-3.1, `"fc_norm": true`: each of the three states goes through its own RMSNorm first,
+              `fc_norm.{0,1,2}.weight`, as vLLM / SGLang / speculators apply it)
               o = layer(input_layernorm(embed(x)) ‖ hidden_norm(h), residual h)       [2H attention input]
               logits = lm_head(norm(o))  over a reduced draft vocabulary; target id = i + d2t[i]
     EAGLE-1:  o = layer(fc(embed(x) ‖ f))  (f: the target's final-normed last hidden state, or o)
@@ -51,6 +53,7 @@ class EagleConfig:
     aux_layers: list[int] | None = None  # eagle_aux_hidden_state_layer_ids as written in the config
     norm_before_residual: bool = False  # speculators-format flag: the residual is the normed hidden
     fc_bias: bool = False  # EAGLE-1: fc carries a bias (decided by the checkpoint's keys)
+    fc_norm: bool = False  # EAGLE-3.1: an RMSNorm per captured state before fc (`fc_norm` in config.json)
     extra: dict = field(default_factory=dict)  # other config fields, kept for export
 
     @property
@@ -84,7 +87,7 @@ class EagleConfig:
             raise UserError(f"{source}: missing field {e.args[0] if e.args else 'vocab_size'!r}") from None
         aux = raw.get("eagle_aux_hidden_state_layer_ids", eagle_cfg.get("eagle_aux_hidden_state_layer_ids"))
         known = {"transformer_layer_config", "eagle_config", "eagle_aux_hidden_state_layer_ids", "draft_vocab_size",
-                 "target_hidden_size", "norm_before_residual"}
+                 "target_hidden_size", "norm_before_residual", "fc_norm"}
         return cls(
             version=version, hidden_size=hidden, intermediate_size=base.intermediate_size, num_heads=heads,
             num_kv_heads=base.num_kv_heads, head_dim=int(layer.get("head_dim") or hidden // heads), vocab_size=vocab,
@@ -97,6 +100,7 @@ class EagleConfig:
             aux_layers=[int(i) for i in aux] if aux else None,
             norm_before_residual=bool(raw.get("norm_before_residual", False)),
             fc_bias="fc.bias" in keys,
+            fc_norm=version == 3 and (bool(raw.get("fc_norm", False)) or any(k.startswith("fc_norm.") for k in keys)),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -115,6 +119,8 @@ class EagleConfig:
         }
         if self.version == 3:
             d.update(draft_vocab_size=self.draft_vocab_size, target_hidden_size=self.target_hidden_size)
+            if self.fc_norm:
+                d["fc_norm"] = True
             if self.aux_layers is not None:
                 d["eagle_aux_hidden_state_layer_ids"] = list(self.aux_layers)
                 d["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
@@ -199,6 +205,8 @@ class EagleDraft(nn.Module):
         H, Ht = cfg.hidden_size, cfg.target_hidden_size
         if cfg.version == 3:
             self.fc = Linear(3 * Ht, H, bias=False)
+            if cfg.fc_norm:
+                self.fc_norm = nn.ModuleList([RMSNorm(Ht, cfg.rms_norm_eps) for _ in range(3)])
             self.midlayer = EagleLayer(cfg)
             self.norm = RMSNorm(H, cfg.rms_norm_eps)
             self.lm_head = Linear(H, cfg.draft_vocab_size, bias=False)
@@ -246,8 +254,14 @@ class EagleDraft(nn.Module):
         """-> (token embedding, the layer's hidden input h), both [B, T, H]."""
         emb = self.embed(tokens).to(self.fc.weight.dtype)
         if self.config.version == 3:
-            return emb, (self.fc(hidden) if from_target else hidden)
+            return emb, (self.project(hidden) if from_target else hidden)
         return emb, self.fc(torch.cat([emb, hidden], dim=-1))
+
+    def project(self, states: Tensor) -> Tensor:
+        """EAGLE-3: the target's low ‖ mid ‖ high states [..., 3Ht] -> the layer's hidden input [..., H]."""
+        if self.config.fc_norm:
+            states = torch.cat([n(c) for n, c in zip(self.fc_norm, states.chunk(3, dim=-1))], dim=-1)
+        return self.fc(states)
 
     def logits(self, o: Tensor) -> Tensor:
         """o [..., H] -> draft-vocabulary logits [..., Vd] (the full vocabulary for EAGLE-1)."""

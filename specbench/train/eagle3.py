@@ -50,13 +50,14 @@ def draft_vocabulary(items: list[Tokenized], vocab_size: int, size: int, always:
     return torch.tensor(sorted(keep)[:size], dtype=torch.long)
 
 
-def new_head(target: Transformer, draft_ids: Tensor, aux_layers: list[int]) -> EagleDraft:
+def new_head(target: Transformer, draft_ids: Tensor, aux_layers: list[int], fc_norm: bool = False) -> EagleDraft:
     t = target.config
     cfg = EagleConfig(version=3, hidden_size=t.hidden_size, intermediate_size=t.intermediate_size,
                       num_heads=t.num_heads, num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
                       vocab_size=t.vocab_size, draft_vocab_size=len(draft_ids), target_hidden_size=t.hidden_size,
                       rms_norm_eps=t.rms_norm_eps, rope_theta=t.rope_theta, rope_scaling=t.rope_scaling,
                       max_position_embeddings=t.max_position_embeddings, aux_layers=list(aux_layers),
+                      fc_norm=fc_norm,
                       extra={"bos_token_id": t.bos_token_id, "eos_token_id": (t.eos_token_id or [None])[0]})
     torch.manual_seed(0)
     head = EagleDraft(cfg, target.tok_embeddings).float()
@@ -117,7 +118,7 @@ class Eagle3Method:
     def __init__(self, target: Transformer, tokenizer, items: list[Tokenized], *, draft_vocab_size: int = 8192,
                  ttt_steps: int = 4, step_weight: float = 0.8, aux_layers: list[int] | None = None,
                  eval_prompts: list | None = None, eval_k: int = 3, eval_max_new_tokens: int = 48,
-                 init_from: str | None = None) -> None:
+                 init_from: str | None = None, fc_norm: bool = False) -> None:
         if ttt_steps < 1:
             raise UserError(f"train.method.ttt_steps={ttt_steps}: must be >= 1")
         self.target, self.tokenizer = target, tokenizer
@@ -131,7 +132,7 @@ class Eagle3Method:
             ids = torch.arange(start["d2t"].shape[0]) + start["d2t"].long()
         else:
             ids = draft_vocabulary(items, target.config.vocab_size, draft_vocab_size, eos)
-        self.head = new_head(target, ids, self.aux_layers)
+        self.head = new_head(target, ids, self.aux_layers, fc_norm)
         if start is not None:
             try:
                 self.head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in start.items()})
@@ -163,7 +164,7 @@ class Eagle3Method:
         B, T = ids.shape
         head.ensure_rope(T + self.ttt_steps + 1)
         dt = head.fc.weight.dtype
-        h = head.fc(aux.to(dt))  # [B, T, H]
+        h = head.project(aux.to(dt))  # [B, T, H]
         ks, vs = [], []
         for j in range(self.ttt_steps):
             s = 1 + j
