@@ -183,7 +183,7 @@ def train(cfg: DictConfig) -> dict:
         raise UserError(f"method={cfg.method.name!r}; trainable methods: {', '.join(METHODS)}")
     if cfg.data.mode not in ("teacher_forced", "self_distill"):
         raise UserError(f"data.mode={cfg.data.mode!r}; valid: teacher_forced, self_distill")
-    device = resolve_device("auto")
+    device = resolve_device(str(cfg.get("device", "auto")))
     dtype = resolve_dtype(cfg.dtype, device)
     lm = load_model(cfg.model.path, dtype, device, cfg.cache_dir)
     out = Path(cfg.out_dir)

@@ -84,7 +84,7 @@ class DraftModelMethod:
             raise UserError(f"train.method.embed_init={embed_init!r}; valid: random, svd")
         self.target, self.tokenizer = target, tokenizer
         keep = (layers or [0, 1]) if init == "target_layers" else None
-        self.student = student_from_target(target, keep, num_layers, width)
+        self.student = student_from_target(target, keep, num_layers, width)  # the CPU until moved below
         if init == "scratch":
             torch.manual_seed(0)
             for n, p in self.student.named_parameters():
@@ -94,7 +94,7 @@ class DraftModelMethod:
                 self._svd_embedding()
         elif embed_init != "random":
             raise UserError(f"train.method.embed_init={embed_init!r} needs init=scratch")
-        self.student.train().requires_grad_(True)
+        self.student.to(target.device).train().requires_grad_(True)
         self.eval_prompts, self.eval_k, self.eval_max_new = eval_prompts or [], eval_k, eval_max_new_tokens
         self.target_tables, self.vocab_ids = bool(target_tables), None
         if draft_vocab_size is not None and not self.target_tables:
@@ -108,6 +108,7 @@ class DraftModelMethod:
                 V = target.config.vocab_size
                 self.vocab_ids = draft_vocabulary(items or [], V, int(draft_vocab_size),
                                                   tuple(target.config.eos_token_id))
+                self.vocab_ids = self.vocab_ids.to(target.device)
                 self.head_rows = self.student.output.weight[self.vocab_ids]  # [Vd, H], frozen
         self.teacher = None  # a TeacherTopK to train from cached target top-k log-probs instead of on the fly
         self.states = None  # or a TargetStates cache (full-vocabulary KL from the cached final-normed states)
@@ -161,7 +162,7 @@ class DraftModelMethod:
         else:
             s_logits = self.student.output(h.reshape(B * T, -1)[sel]).float()  # [n, V]
         if self.teacher is not None:
-            vals, tok = self.teacher.get(index, T)  # [B, T, k]
+            vals, tok = (x.to(ids.device) for x in self.teacher.get(index, T))  # [B, T, k]
             vals, tok = vals.reshape(B * T, -1)[sel], tok.reshape(B * T, -1)[sel]
             t_logp = vals - torch.logsumexp(vals, dim=-1, keepdim=True)  # renormalise over the top-k
             s_logp = F.log_softmax(s_logits, dim=-1)
@@ -170,7 +171,7 @@ class DraftModelMethod:
         else:
             with torch.no_grad():
                 if self.states is not None:  # cached final-normed states: the target's logits are one matmul away
-                    normed = self.states.get(index, T)[1]
+                    normed = self.states.get(index, T)[1].to(ids.device)
                 else:
                     normed = self.target(ids, None, logit_index=dummy, return_normed=True).normed
                 t_logits = self.target.output(normed.reshape(B * T, -1)[sel].to(self.target.dtype)).float()

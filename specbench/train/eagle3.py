@@ -132,14 +132,14 @@ class Eagle3Method:
             ids = torch.arange(start["d2t"].shape[0]) + start["d2t"].long()
         else:
             ids = draft_vocabulary(items, target.config.vocab_size, draft_vocab_size, eos)
-        self.head = new_head(target, ids, self.aux_layers, fc_norm)
+        self.head = new_head(target, ids, self.aux_layers, fc_norm)  # on the CPU until moved below
         if start is not None:
             try:
                 self.head.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in start.items()})
             except RuntimeError as e:
                 raise UserError(f"train.method.init_from={init_from}: does not fit this target "
                                 f"({str(e).splitlines()[-1].strip()[:160]})") from None
-        self.head.train()
+        self.head.to(target.device).train()
         self.ttt_steps, self.step_weight = ttt_steps, step_weight
         self.eval_prompts, self.eval_k, self.eval_max_new = eval_prompts or [], eval_k, eval_max_new_tokens
         self.states = None  # a TargetStates cache; None = target forward on the fly
@@ -150,10 +150,11 @@ class Eagle3Method:
 
     def _target_states(self, ids: Tensor, index: list[int] | None) -> tuple[Tensor, Tensor]:
         if self.states is not None:
-            return self.states.get(index, ids.shape[1])
+            aux, normed = self.states.get(index, ids.shape[1])
+            return aux.to(ids.device), normed.to(ids.device)
         with torch.no_grad():
             o = self.target(ids, None, hidden_layers=tuple(self.aux_layers), return_normed=True,
-                            logit_index=torch.zeros(ids.shape[0], 1, dtype=torch.long))
+                            logit_index=torch.zeros(ids.shape[0], 1, dtype=torch.long, device=ids.device))
         return torch.cat(o.hidden, -1).float(), o.normed.float()
 
     def unroll(self, ids: Tensor, aux: Tensor):
@@ -185,7 +186,7 @@ class Eagle3Method:
         with torch.no_grad():
             t_logp = F.log_softmax(normed @ self.target_head.T, dim=-1)  # [B, T, Vd] target over the draft vocab
             in_vocab = head.t2d[ids].float()  # [B, T]
-        total = torch.zeros((), dtype=torch.float32)
+        total = torch.zeros((), dtype=torch.float32, device=ids.device)
         stats: dict[str, float] = {}
         for j, o in self.unroll(ids, aux):
             s = 1 + j

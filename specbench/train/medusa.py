@@ -55,7 +55,8 @@ class MedusaMethod:
             if self.heads.token_map is not None:
                 self.heads.token_map.copy_(ids)
         self.rows = target.output.weight[ids].float()  # [Vh, H]: the frozen projection (the target's rows)
-        self.in_vocab = torch.zeros(t.vocab_size, dtype=torch.bool).index_fill_(0, ids, True)
+        self.in_vocab = torch.zeros(t.vocab_size, dtype=torch.bool).index_fill_(0, ids, True).to(target.device)
+        self.heads.to(target.device)
         self.decay = decay
         self.eval_prompts, self.eval_k, self.eval_tree = eval_prompts or [], eval_k, eval_tree
         self.eval_max_new = eval_max_new_tokens
@@ -66,9 +67,10 @@ class MedusaMethod:
 
     def _normed(self, ids: Tensor, index: list[int] | None) -> Tensor:
         if self.states is not None:
-            return self.states.get(index, ids.shape[1])[1]
+            return self.states.get(index, ids.shape[1])[1].to(ids.device)
         with torch.no_grad():
-            o = self.target(ids, None, return_normed=True, logit_index=torch.zeros(ids.shape[0], 1, dtype=torch.long))
+            o = self.target(ids, None, return_normed=True,
+                            logit_index=torch.zeros(ids.shape[0], 1, dtype=torch.long, device=ids.device))
         return o.normed.float()
 
     def loss(self, ids: Tensor, mask: Tensor, index: list[int] | None = None) -> tuple[Tensor, dict[str, float]]:
@@ -78,7 +80,7 @@ class MedusaMethod:
             t_logp = F.log_softmax(normed @ self.rows.T, dim=-1)  # [B, T, Vh]: the target at every position
             ok = mask.bool() & self.in_vocab[ids]  # [B, T] a response token the heads can name
         states = self.heads.states(normed)  # [B, T, heads, H]
-        total = torch.zeros((), dtype=torch.float32)
+        total = torch.zeros((), dtype=torch.float32, device=ids.device)
         stats: dict[str, float] = {}
         for i in range(self.heads.config.num_heads):
             s = 2 + i  # head i at t predicts token t+2+i; the target's distribution for it sits at t+1+i

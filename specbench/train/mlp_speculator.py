@@ -89,6 +89,7 @@ class MLPSpeculatorMethod:
                     e.weight.copy_(emb_w @ basis)
                 for h in self.model.head:
                     h.weight.copy_(head_w @ basis)
+        self.model.to(target.device)
         self.labels, self.positions, self.seed = labels, positions, seed
         self.eval_prompts, self.eval_k, self.eval_tree = eval_prompts or [], eval_k, eval_tree
         self.eval_max_new = eval_max_new_tokens
@@ -99,9 +100,10 @@ class MLPSpeculatorMethod:
 
     def _normed(self, ids: Tensor, index: list[int] | None) -> Tensor:
         if self.states is not None:
-            return self.states.get(index, ids.shape[1])[1]
+            return self.states.get(index, ids.shape[1])[1].to(ids.device)
         with torch.no_grad():
-            o = self.target(ids, None, return_normed=True, logit_index=torch.zeros(ids.shape[0], 1, dtype=torch.long))
+            o = self.target(ids, None, return_normed=True,
+                            logit_index=torch.zeros(ids.shape[0], 1, dtype=torch.long, device=ids.device))
         return o.normed.float()
 
     def _select(self, mask: Tensor, index: list[int] | None) -> tuple[Tensor, Tensor]:
@@ -121,7 +123,7 @@ class MLPSpeculatorMethod:
         B, T = ids.shape
         b, t = self._select(mask, index)
         s = self.model.start(normed[b, t])  # [N, H]
-        total = torch.zeros((), dtype=torch.float32)
+        total = torch.zeros((), dtype=torch.float32, device=ids.device)
         stats: dict[str, float] = {}
         for i in range(self.model.config.n_predict):
             src, dst = t + 1 + i, t + 2 + i  # fed token t+1+i, learns token t+2+i

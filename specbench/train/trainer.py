@@ -82,6 +82,7 @@ class Trainer:
             raise ValueError(f"phases {self.phases}: the first starts at 0, starts increase, each has items")
         self.out = Path(out_dir)
         self.params = [p for p in method.parameters() if p.requires_grad]
+        self.device = self.params[0].device if self.params else torch.device("cpu")  # batches go where it trains
         self.opt = torch.optim.AdamW(self.params, lr=settings.lr, weight_decay=settings.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda st: lr_factor(st, settings) * self.phase(st)[1].lr_scale)
@@ -118,7 +119,8 @@ class Trainer:
 
         tmp = self.ckpt_dir.with_name("checkpoint.tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.detach().clone().contiguous() for k, v in self.method.state_dict().items()}, str(tmp / "model.safetensors"))
+        save_file({k: v.detach().cpu().clone().contiguous() for k, v in self.method.state_dict().items()},
+                  str(tmp / "model.safetensors"))
         torch.save({"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step},
                    tmp / "trainer.pt")
         (tmp / "history.json").write_text(json.dumps({"settings": asdict(self.s), "history": self.history}))
@@ -161,6 +163,7 @@ class Trainer:
             total, extra = 0.0, {}
             for micro in range(self.s.grad_accum):
                 ids, mask, index = self.batch(self.step, micro)
+                ids, mask = ids.to(self.device), mask.to(self.device)
                 with torch.autocast("cpu" if ids.device.type == "cpu" else "cuda", dtype=torch.bfloat16,
                                     enabled=self.autocast):
                     loss, extra = self.method.loss(ids, mask, index)
