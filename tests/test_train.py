@@ -88,6 +88,21 @@ def test_resume_continues_the_same_run(tiny, data_file, tmp_path):
         assert torch.equal(a, b), k
 
 
+def test_wall_budget_stops_checkpointed_and_the_rerun_finishes_the_same_run(tiny, data_file, tmp_path):
+    items = tokenize(load_examples(data_file), tiny.tokenizer, 64)
+    straight = _method(tiny)
+    Trainer(straight, items, _settings(steps=6, save_every=4), tmp_path / "a", progress=False).fit()
+    cut = _method(tiny)
+    hist = Trainer(cut, items, _settings(steps=6, save_every=4, max_wall_s=1e-9), tmp_path / "b", progress=False).fit()
+    assert not any("eval/mean_acceptance_length" in h for h in hist)  # stopped early: no final evaluation
+    resumed = _method(tiny)
+    t = Trainer(resumed, items, _settings(steps=6, save_every=4), tmp_path / "b", progress=False)
+    assert t.try_resume() and t.step == 1  # one step, then the budget was spent and it checkpointed
+    t.fit()
+    for (k, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
 def test_export_round_trips_bit_exactly(tiny, tmp_path):
     method = _method(tiny)
     method.export(tmp_path / "model")

@@ -48,6 +48,7 @@ class TrainSettings:
     save_every: int = 50  # steps between checkpoints
     log_every: int = 10
     seed: int = 0
+    max_wall_s: float = 0.0  # stop once this process has trained this long (checkpointed: rerun to resume); 0 = off
 
 
 @dataclass
@@ -185,8 +186,13 @@ class Trainer:
                                                              if len(self.phases) > 1 else {}), **extra})
             if self.s.eval_every and self.step % self.s.eval_every == 0 and self.step < self.s.steps:
                 self._record({"step": self.step, **self.method.evaluate()})
-            if self.step % self.s.save_every == 0 or self.step == end:
+            out_of_time = self.s.max_wall_s > 0 and time.perf_counter() - t0 >= self.s.max_wall_s
+            if self.step % self.s.save_every == 0 or self.step == end or out_of_time:
                 self.save()
+            if out_of_time and self.step < end:
+                log(f"train.max_wall_s={self.s.max_wall_s:g} spent at step {self.step} of {self.s.steps}: "
+                    f"checkpointed; the same command resumes")
+                break
         bar.close()
         if self.step >= self.s.steps:
             self._record({"step": self.step, **self.method.evaluate()})
