@@ -98,9 +98,12 @@ def test_wall_budget_stops_checkpointed_and_the_rerun_finishes_the_same_run(tiny
     resumed = _method(tiny)
     t = Trainer(resumed, items, _settings(steps=6, save_every=4), tmp_path / "b", progress=False)
     assert t.try_resume() and t.step == 1  # one step, then the budget was spent and it checkpointed
-    t.fit()
+    hist = t.fit()
     for (k, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), k
+    # trained tokens are counted across the resume: the response tokens of the 6 x 4 sequences drawn
+    drawn = [i for step in range(6) for i in t.batch(step, 0)[2]]
+    assert hist[-1]["tokens"] == sum(sum(items[i].loss_mask) for i in drawn) and hist[-1]["wall_s"] > 0
 
 
 def test_export_round_trips_bit_exactly(tiny, tmp_path):

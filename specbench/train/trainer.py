@@ -159,6 +159,8 @@ class Trainer:
         bar = tqdm(total=self.s.steps, initial=self.step, desc=f"train {self.method.name}", unit="step",
                    disable=not self.progress, dynamic_ncols=True)
         t0, tokens = time.perf_counter(), 0
+        last = next((h for h in reversed(self.history) if "tokens" in h), {})  # totals before a resume
+        tokens0, wall0 = int(last.get("tokens", 0)), float(last.get("wall_s", 0.0))
         while self.step < end:
             self.opt.zero_grad(set_to_none=True)
             total, extra = 0.0, {}
@@ -180,13 +182,14 @@ class Trainer:
             rate = tokens / (time.perf_counter() - t0)
             bar.update(1)
             bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{rate:.0f}", refresh=False)
-            if self.step % self.s.log_every == 0 or self.step == end:
-                self._record({"step": self.step, "loss": total, "lr": lr,
+            done = {"tokens": tokens0 + tokens, "wall_s": wall0 + time.perf_counter() - t0}
+            out_of_time = self.s.max_wall_s > 0 and time.perf_counter() - t0 >= self.s.max_wall_s
+            if self.step % self.s.log_every == 0 or self.step == end or out_of_time:
+                self._record({"step": self.step, **done, "loss": total, "lr": lr,
                               "train_tokens_per_s": rate, **({"phase": self.phase(self.step - 1)[1].name}
                                                              if len(self.phases) > 1 else {}), **extra})
             if self.s.eval_every and self.step % self.s.eval_every == 0 and self.step < self.s.steps:
-                self._record({"step": self.step, **self.method.evaluate()})
-            out_of_time = self.s.max_wall_s > 0 and time.perf_counter() - t0 >= self.s.max_wall_s
+                self._record({"step": self.step, **done, **self.method.evaluate()})
             if self.step % self.s.save_every == 0 or self.step == end or out_of_time:
                 self.save()
             if out_of_time and self.step < end:
@@ -195,6 +198,8 @@ class Trainer:
                 break
         bar.close()
         if self.step >= self.s.steps:
-            self._record({"step": self.step, **self.method.evaluate()})
+            last = next((h for h in reversed(self.history) if "tokens" in h), {})
+            self._record({"step": self.step, **{k: last[k] for k in ("tokens", "wall_s") if k in last},
+                          **self.method.evaluate()})
             self.save()
         return self.history
