@@ -31,7 +31,11 @@ python -m pip download -q --no-deps --only-binary=:all: -d .gpu/train/pack/whl "
 python -m pip wheel -q --no-deps -w .gpu/train/pack/whl antlr4-python3-runtime==4.9.3  # sdist only: a pure-Python wheel
 tar -cf .gpu/train/pack.tar -C .gpu/train/pack .
 rm -rf .gpu/train/pack
-tree_bytes=$( (git ls-files -z; git ls-files -z --others --exclude-standard) | xargs -0 stat -c %s 2>/dev/null | awk '{s+=$1} END {print s+0}')
+tree_bytes=$(python -c "
+import os, subprocess
+names = subprocess.run(['git', 'ls-files', '-z', '--cached', '--others', '--exclude-standard'], capture_output=True,
+                       check=True).stdout.split(b'\0')
+print(sum(os.path.getsize(n) for n in names if n and os.path.isfile(n)))")
 free_mib=$(( (64 * 1048576 - tree_bytes) / 1048576 - 1 ))
 chunk_mib=${CHUNK_MIB:-$free_mib}
 if [ "$chunk_mib" -lt 4 ]; then
@@ -44,6 +48,6 @@ n=0
 for p in .gpu/train/pack.tar.part-*; do
   n=$((n + 1)); mkdir -p ".gpu/train/$n"; mv "$p" ".gpu/train/$n/"
 done
-(cd .gpu/train && sha256sum pack.tar > "$n/pack.sha256" && rm pack.tar)
+(cd .gpu/train && sha256sum pack.tar > "$n/pack.sha256" && echo "$n" > "$n/pack.count" && rm pack.tar)
 echo "working tree $((tree_bytes / 1048576)) MiB; $n parts of <= ${chunk_mib} MiB in .gpu/train/1..$n:" \
      "calls 1..$((n - 1)) run 'train.sh stage', call $n runs 'train.sh run'"

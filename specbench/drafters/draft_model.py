@@ -60,8 +60,15 @@ class DraftModelDrafter:
             raise UserError(f"draft model {self.path}: vocab_size {m.vocab_size} != target's {t.vocab_size}; "
                             "a draft model must share the target's tokenizer")
         self.device, self.vocab_size = target.device, t.vocab_size
+        rows = self.model.output.weight.shape[0]
         if self.vocab_ids is not None:
+            if rows != len(self.vocab_ids):
+                raise UserError(f"draft model {self.path}: its head has {rows} rows but {len(self.vocab_ids)} "
+                                "vocabulary ids were given")
             self.vocab_ids = self.vocab_ids.to(self.device)
+        elif rows != t.vocab_size:
+            raise UserError(f"draft model {self.path}: its head has {rows} rows, the vocabulary {t.vocab_size}; a "
+                            "reduced head needs its d2t (the compact form)")
         self.cache = self.model.new_cache(batch_size, max_len + 2)
         self.pending = torch.zeros(batch_size, 2, dtype=torch.long, device=self.device)  # [B, 2]
         self.num_pending = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1 or 2

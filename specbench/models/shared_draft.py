@@ -89,6 +89,9 @@ def load_compact(folder: Path, target: Transformer, dtype: torch.dtype, device: 
                             "but the weights hold no d2t")
         return model, None
     ids = draft_ids(d2t, cfg.vocab_size, str(folder))
+    if raw.get("draft_vocab_size") not in (None, len(ids)):
+        raise UserError(f"draft model {folder}: config says draft_vocab_size {raw['draft_vocab_size']} but d2t "
+                        f"has {len(ids)} entries")
     return restrict_head(model, target.output.weight.to(dtype), ids), ids.to(device)
 
 

@@ -190,9 +190,20 @@ class DraftModelMethod:
     def state_dict(self) -> dict[str, Tensor]:
         tied = self.student.config.tie_word_embeddings
         skip = OWN_TABLES if self.target_tables else ("output.weight",) if tied else ()
-        return {k: v for k, v in self.student.state_dict().items() if k not in skip}
+        out = {k: v for k, v in self.student.state_dict().items() if k not in skip}
+        if self.vocab_ids is not None:  # the reduced head's vocabulary travels with the checkpoint
+            out["vocab_ids"] = self.vocab_ids
+        return out
 
     def load_state_dict(self, sd: dict[str, Tensor]) -> None:
+        sd = dict(sd)
+        ids = sd.pop("vocab_ids", None)
+        if (ids is None) != (self.vocab_ids is None):
+            raise UserError("train.method.draft_vocab_size does not match the checkpoint being resumed "
+                            f"({'a reduced' if ids is not None else 'a full-vocabulary'} head)")
+        if ids is not None:
+            self.vocab_ids = ids.to(self.vocab_ids.device)
+            self.head_rows = self.student.output.weight[self.vocab_ids]
         self.student.load_state_dict(sd, strict=False)
         if self.student.config.tie_word_embeddings:
             self.student.output.weight = self.student.tok_embeddings.weight

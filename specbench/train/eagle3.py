@@ -87,7 +87,7 @@ def inference_copy(head: EagleDraft, target: Transformer) -> EagleDraft:
     """A frozen copy in the target's dtype sharing the target's embedding (for evaluation with the loop)."""
     out = EagleDraft(head.config, target.tok_embeddings)
     out.load_state_dict(head.state_dict())
-    return out.to(target.dtype).eval().requires_grad_(False)
+    return out.to(target.device, target.dtype).eval().requires_grad_(False)
 
 
 def ttt_attention(q: Tensor, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
@@ -130,6 +130,11 @@ class Eagle3Method:
         start = _read_start(init_from) if init_from else None
         if start is not None:  # continue from earlier weights: keep their draft vocabulary
             ids = torch.arange(start["d2t"].shape[0]) + start["d2t"].long()
+            has_norm = any(k.startswith("fc_norm.") for k in start)
+            if fc_norm and not has_norm:
+                raise UserError(f"train.method.fc_norm=true but train.method.init_from={init_from} has no fc_norm "
+                                "(an EAGLE-3 head without EAGLE-3.1's norms); valid: fc_norm=false, or start anew")
+            fc_norm = has_norm  # a head with the norms continues with them
         else:
             ids = draft_vocabulary(items, target.config.vocab_size, draft_vocab_size, eos)
         self.head = new_head(target, ids, self.aux_layers, fc_norm)  # on the CPU until moved below

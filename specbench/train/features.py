@@ -44,13 +44,13 @@ class TeacherTopK:
             out: dict[str, Tensor] = {}
             for b0 in range(c0, min(c0 + self.chunk, len(items)), batch_size):
                 group = list(range(b0, min(b0 + batch_size, c0 + self.chunk, len(items))))
-                ids, _ = collate([items[i] for i in group])
+                ids = collate([items[i] for i in group])[0].to(target.device)
                 logp = F.log_softmax(target(ids, None).logits.float(), dim=-1)
                 vals, idx = logp.topk(self.k, dim=-1)  # [B, T, k]
                 for j, i in enumerate(group):
                     T = len(items[i].ids)
-                    out[f"{i}.values"] = vals[j, :T].contiguous()
-                    out[f"{i}.indices"] = idx[j, :T].to(torch.int32).contiguous()
+                    out[f"{i}.values"] = vals[j, :T].cpu().contiguous()
+                    out[f"{i}.indices"] = idx[j, :T].to(torch.int32).cpu().contiguous()
                 bar.update(len(group))
             save_file(out, str(self.dir / f"chunk_{c0 // self.chunk:05d}.safetensors"))
         bar.close()
@@ -116,15 +116,15 @@ class TargetStates:
             group_all.sort(key=lambda i: len(items[i].ids))  # similar lengths together: less padding
             for b0 in range(0, len(group_all), batch_size):
                 group = group_all[b0: b0 + batch_size]
-                ids, _ = collate([items[i] for i in group])
+                ids = collate([items[i] for i in group])[0].to(target.device)
                 o = target(ids, None, hidden_layers=self.layers, return_normed=True,
-                           logit_index=torch.zeros(len(group), 1, dtype=torch.long))
+                           logit_index=torch.zeros(len(group), 1, dtype=torch.long, device=ids.device))
                 aux = torch.cat(o.hidden, dim=-1) if self.layers else None  # layers=(): the normed states only
                 for j, i in enumerate(group):
                     T = len(items[i].ids)
                     if aux is not None:
-                        out[f"{i}.aux"] = aux[j, :T].to(torch.bfloat16).contiguous()
-                    out[f"{i}.normed"] = o.normed[j, :T].to(torch.bfloat16).contiguous()
+                        out[f"{i}.aux"] = aux[j, :T].to(torch.bfloat16).cpu().contiguous()
+                    out[f"{i}.normed"] = o.normed[j, :T].to(torch.bfloat16).cpu().contiguous()
                     bar.update(T)
             save_file(out, str(path.with_suffix(".tmp")))
             path.with_suffix(".tmp").rename(path)

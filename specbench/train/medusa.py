@@ -109,7 +109,7 @@ class MedusaMethod:
     def inference_copy(self) -> MedusaHeads:
         out = MedusaHeads(self.heads.config, self.target.output)
         out.load_state_dict(self.heads.state_dict())
-        return out.to(self.target.dtype).eval().requires_grad_(False)
+        return out.to(self.target.device, self.target.dtype).eval().requires_grad_(False)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

@@ -162,7 +162,7 @@ class MLPSpeculatorMethod:
         c = self.model.config
         out = MLPSpeculator(c, target_tables(self.target) if c.target_tables else None)
         out.load_state_dict(self.model.state_dict())
-        return out.to(self.target.dtype).eval().requires_grad_(False)
+        return out.to(self.target.device, self.target.dtype).eval().requires_grad_(False)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:

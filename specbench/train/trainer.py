@@ -88,6 +88,7 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda st: lr_factor(st, settings) * self.phase(st)[1].lr_scale)
         self.step = 0
+        self.tokens, self.wall_s = 0, 0.0  # trained tokens and training time so far, across resumes
         self.history: list[dict] = []
         self.autocast = settings.bf16 and autocast_ok
         self.progress, self.on_log, self.pad_id = progress, on_log, pad_id
@@ -122,8 +123,8 @@ class Trainer:
         tmp.mkdir(parents=True, exist_ok=True)
         save_file({k: v.detach().cpu().clone().contiguous() for k, v in self.method.state_dict().items()},
                   str(tmp / "model.safetensors"))
-        torch.save({"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step},
-                   tmp / "trainer.pt")
+        torch.save({"opt": self.opt.state_dict(), "sched": self.sched.state_dict(), "step": self.step,
+                    "tokens": self.tokens, "wall_s": self.wall_s}, tmp / "trainer.pt")
         (tmp / "history.json").write_text(json.dumps({"settings": asdict(self.s), "history": self.history}))
         if self.ckpt_dir.exists():
             import shutil
@@ -137,10 +138,11 @@ class Trainer:
         from safetensors.torch import load_file
 
         self.method.load_state_dict(load_file(str(self.ckpt_dir / "model.safetensors")))
-        st = torch.load(self.ckpt_dir / "trainer.pt", weights_only=True)
+        st = torch.load(self.ckpt_dir / "trainer.pt", weights_only=True, map_location="cpu")
         self.opt.load_state_dict(st["opt"])
         self.sched.load_state_dict(st["sched"])
         self.step = int(st["step"])
+        self.tokens, self.wall_s = int(st.get("tokens", 0)), float(st.get("wall_s", 0.0))
         self.history = json.loads((self.ckpt_dir / "history.json").read_text())["history"]
         log(f"resumed from {self.ckpt_dir} at step {self.step}")
         return True
@@ -159,8 +161,7 @@ class Trainer:
         bar = tqdm(total=self.s.steps, initial=self.step, desc=f"train {self.method.name}", unit="step",
                    disable=not self.progress, dynamic_ncols=True)
         t0, tokens = time.perf_counter(), 0
-        last = next((h for h in reversed(self.history) if "tokens" in h), {})  # totals before a resume
-        tokens0, wall0 = int(last.get("tokens", 0)), float(last.get("wall_s", 0.0))
+        tokens0, wall0 = self.tokens, self.wall_s  # totals before a resume
         while self.step < end:
             self.opt.zero_grad(set_to_none=True)
             total, extra = 0.0, {}
@@ -182,7 +183,8 @@ class Trainer:
             rate = tokens / (time.perf_counter() - t0)
             bar.update(1)
             bar.set_postfix(loss=f"{total:.3f}", tok_s=f"{rate:.0f}", refresh=False)
-            done = {"tokens": tokens0 + tokens, "wall_s": wall0 + time.perf_counter() - t0}
+            self.tokens, self.wall_s = tokens0 + tokens, wall0 + time.perf_counter() - t0
+            done = {"tokens": self.tokens, "wall_s": self.wall_s}
             out_of_time = self.s.max_wall_s > 0 and time.perf_counter() - t0 >= self.s.max_wall_s
             if self.step % self.s.log_every == 0 or self.step == end or out_of_time:
                 self._record({"step": self.step, **done, "loss": total, "lr": lr,
@@ -198,8 +200,6 @@ class Trainer:
                 break
         bar.close()
         if self.step >= self.s.steps:
-            last = next((h for h in reversed(self.history) if "tokens" in h), {})
-            self._record({"step": self.step, **{k: last[k] for k in ("tokens", "wall_s") if k in last},
-                          **self.method.evaluate()})
+            self._record({"step": self.step, "tokens": self.tokens, "wall_s": self.wall_s, **self.method.evaluate()})
             self.save()
         return self.history
