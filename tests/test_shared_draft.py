@@ -74,6 +74,7 @@ def test_tables_are_the_targets_frozen_and_not_saved(target, items, tmp_path):
     m.export(tmp_path / "model")
     cfg = json.loads((tmp_path / "model/config.json").read_text())
     assert cfg[FLAG] is True and "draft_vocab_size" not in cfg
+    assert not (tmp_path / "model/tokenizer.json").exists() and (tmp_path / "model/full/tokenizer.json").is_file()
     keys = _keys(tmp_path / "model/model.safetensors")
     assert keys == {k for k in hf_state_dict(m.student) if k.startswith("model.layers.")} | {"model.norm.weight"}
     full = load_model(str(tmp_path / "model/full"), torch.float32, CPU).model  # the complete HF model
