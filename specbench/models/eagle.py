@@ -32,6 +32,7 @@ from specbench.models.attention import AttnMeta, cached_attention
 from specbench.models.cache import KVCache
 from specbench.models.config import ModelConfig
 from specbench.models.cpu_kernels import Linear
+from specbench.models.shared_draft import draft_ids
 from specbench.models.transformer import RMSNorm, Rotary, apply_rope, rope_inv_freq, swiglu
 
 
@@ -368,9 +369,7 @@ def load_eagle(path: str | Path, target) -> EagleDraft:
     check_tensors(sd, model.state_dict(), f"EAGLE head {src}", f" (not part of the EAGLE-{cfg.version} format)")
     if cfg.version == 3:
         sd["d2t"] = sd["d2t"].long()
-        ids = torch.arange(cfg.draft_vocab_size) + sd["d2t"]
-        if int(ids.max()) >= cfg.vocab_size or bool((ids.diff() <= 0).any()):
-            raise UserError(f"EAGLE head {src}: d2t maps draft ids outside 0..{cfg.vocab_size - 1} or not increasing")
+        draft_ids(sd["d2t"], cfg.vocab_size, f"EAGLE head {src}")
     typed = {k: (v.to(dev) if k in ("d2t", "t2d") else v.to(dev, dtype)) for k, v in sd.items()}
     model.load_state_dict(typed, strict=True, assign=True)
     model.rotary.reset(rope_inv_freq(cfg.layer_config).to(dev))

@@ -8,7 +8,7 @@ with the target's tables frozen, its folder stores only what is its own (the com
   the head is reduced;
 - `model.safetensors`: `model.layers.*` and `model.norm.weight` only; with a reduced head also `d2t` [Vd] int64,
   EAGLE-3's mapping (draft index i is target token i + d2t[i]);
-- the tokenizer files.
+- no tokenizer: the target's is the draft's.
 
 Loading puts the target's own tensors in place (shared, not copied) and, for a reduced head, takes the target's
 lm_head rows of the draft vocabulary: the draft then scores Vd tokens per step instead of the whole vocabulary.
@@ -42,11 +42,11 @@ def is_compact(folder: Path) -> bool:
 
 
 def draft_ids(d2t: Tensor, vocab_size: int, source: str) -> Tensor:
-    """d2t [Vd] -> the draft vocabulary's target ids; they must be distinct and inside the target's vocabulary."""
+    """d2t [Vd] offsets (EAGLE-3's: draft index i is target id i + d2t[i]) -> the target ids, which must be
+    increasing and inside the target's vocabulary (EAGLE-3 heads and compact drafts share this check)."""
     ids = torch.arange(d2t.shape[0]) + d2t.long().cpu()
-    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
-        raise UserError(f"{source}: d2t does not map {d2t.shape[0]} draft tokens to distinct ids in "
-                        f"0..{vocab_size - 1}")
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or bool((ids.diff() <= 0).any()):
+        raise UserError(f"{source}: d2t maps draft ids outside 0..{vocab_size - 1} or not increasing")
     return ids
 
 

@@ -109,9 +109,13 @@ class DraftModelMethod:
                 self.vocab_ids = draft_vocabulary(items or [], V, int(draft_vocab_size),
                                                   tuple(target.config.eos_token_id))
                 self.vocab_ids = self.vocab_ids.to(target.device)
-                self.head_rows = self.student.output.weight[self.vocab_ids]  # [Vd, H], frozen
         self.teacher = None  # a TeacherTopK to train from cached target top-k log-probs instead of on the fly
         self.states = None  # or a TargetStates cache (full-vocabulary KL from the cached final-normed states)
+
+    @property
+    def head_rows(self) -> Tensor:
+        """[Vd, H] the reduced head: the (frozen) target lm_head rows of the draft vocabulary."""
+        return self.student.output.weight[self.vocab_ids]
 
     @torch.no_grad()
     def _share_tables(self) -> None:
@@ -203,7 +207,6 @@ class DraftModelMethod:
                             f"({'a reduced' if ids is not None else 'a full-vocabulary'} head)")
         if ids is not None:
             self.vocab_ids = ids.to(self.vocab_ids.device)
-            self.head_rows = self.student.output.weight[self.vocab_ids]
         self.student.load_state_dict(sd, strict=False)
         if self.student.config.tie_word_embeddings:
             self.student.output.weight = self.student.tok_embeddings.weight
