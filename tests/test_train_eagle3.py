@@ -176,3 +176,41 @@ def test_init_from_continues_earlier_weights(tiny, items, tmp_path):
     assert again.head.config.draft_vocab_size == 150  # the vocabulary comes with the weights
     with pytest.raises(UserError, match="init_from=.*no checkpoint"):
         _method(tiny, items, init_from=str(tmp_path / "nothing"))
+
+
+def test_hass_topk_term_counted_by_hand():
+    """Target p = (0.5, 0.3, 0.2), draft q uniform over 3: CE = ln 3; the top-2 term adds (0.5 + 0.3) ln 3 times
+    the weight; top-0 is plain CE; top-K beyond the vocabulary is all of it (CE twice at weight 1)."""
+    import math
+
+    from specbench.train.eagle3 import soft_label_loss
+
+    t = torch.tensor([[0.5, 0.3, 0.2]]).log()
+    q = torch.full((1, 3), 1 / 3).log()
+    ln3 = math.log(3)
+    for k, w, want in [(0, 1.0, ln3), (2, 1.0, ln3 + 0.8 * ln3), (2, 0.5, ln3 + 0.4 * ln3), (1, 2.0, ln3 + ln3),
+                       (9, 1.0, 2 * ln3)]:
+        loss, ce = soft_label_loss(t, q, k, w)
+        assert math.isclose(float(loss), want, rel_tol=1e-6) and math.isclose(float(ce), ln3, rel_tol=1e-6), (k, w)
+    # the gradient moves the draft toward the target's top tokens harder with the term than without it
+    lq = torch.zeros(1, 3, requires_grad=True)
+    soft_label_loss(t, torch.log_softmax(lq, -1), 1, 1.0)[0].backward()
+    plain = torch.zeros(1, 3, requires_grad=True)
+    soft_label_loss(t, torch.log_softmax(plain, -1), 0)[0].backward()
+    assert lq.grad[0, 0] < plain.grad[0, 0] < 0
+
+
+def test_hass_topk_trains_and_rejects_bad_settings(tiny, items, tmp_path):
+    from specbench.errors import UserError
+
+    plain, hass = _method(tiny, items), _method(tiny, items, topk=5, topk_weight=1.0)
+    t = Trainer(plain, items, _settings(), tmp_path / "x", progress=False)
+    ids, mask, index = t.batch(0, 0)
+    lp, sp = plain.loss(ids, mask, index)
+    lh, sh = hass.loss(ids, mask, index)
+    assert float(lh.detach()) > float(lp.detach()) and sh["kl_0"] == pytest.approx(sp["kl_0"])  # same head: only the term differs
+    hist = Trainer(hass, items, _settings(steps=30), tmp_path / "h", progress=False).fit()
+    logged = [h for h in hist if "loss" in h]
+    assert logged[-1]["kl_0"] < 0.7 * logged[0]["kl_0"]
+    with pytest.raises(UserError, match="train.method.topk=-1"):
+        _method(tiny, items, topk=-1)

@@ -96,7 +96,8 @@ def build_eagle3(cfg: DictConfig, lm, items, prompts):
                           ttt_steps=int(m.ttt_steps), step_weight=float(m.step_weight),
                           aux_layers=list(m.aux_layers) if m.aux_layers else None, eval_prompts=prompts,
                           eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens),
-                          init_from=m.get("init_from"), fc_norm=bool(m.get("fc_norm", False)))
+                          init_from=m.get("init_from"), fc_norm=bool(m.get("fc_norm", False)),
+                          topk=int(m.get("topk", 0)), topk_weight=float(m.get("topk_weight", 1.0)))
     if cfg.data.teacher in ("cached", "states"):  # EAGLE-3 always trains from the state cache when cached
         from specbench.models.loading import cache_root
         from specbench.train.features import TargetStates

@@ -9,6 +9,11 @@ same keys a chain draft sees at inference). Its target is the target's next-toke
 i+1+j restricted to the draft vocabulary (soft labels); positions whose next token lies outside the draft
 vocabulary are masked, as in the reference. Step j's loss is weighted 0.8**j.
 
+HASS's harmonised objective (`topk` = K > 0): each step's loss adds `topk_weight` times the soft-label CE
+restricted to the target's K most likely draft-vocabulary tokens, -sum_{x in topK(p)} p(x) log q(x). The
+draft only ever proposes its top tokens, so this spends more of the gradient where acceptance is decided. (HASS's
+other half, training on the draft's own earlier outputs, is the training-time test above.)
+
 The draft vocabulary is the `draft_vocab_size` most frequent tokens of the training responses (sorted by id:
 d2t[i] = id_i - i). The head starts from the target where shapes allow it: its lm_head rows are the target's
 head rows of the draft vocabulary, its final norm the target's, and fc reads the high state.
@@ -83,6 +88,18 @@ def _read_start(path: str) -> dict[str, Tensor]:
     raise UserError(f"train.method.init_from={path}: no checkpoint/model.safetensors or model.safetensors there")
 
 
+def soft_label_loss(t_logp: Tensor, lp: Tensor, topk: int = 0, topk_weight: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Mean soft-label CE of the draft's log-probs `lp` against the target's `t_logp` (both [N, V]), plus, when
+    topk > 0, HASS's term: topk_weight * mean of -sum over the target's top-`topk` tokens of p log q.
+    -> (loss, the CE alone)."""
+    p = t_logp.exp()
+    ce = -(p * lp).sum(-1).mean()
+    if topk <= 0:
+        return ce, ce
+    top = t_logp.topk(min(topk, t_logp.shape[-1]), dim=-1).indices
+    return ce + topk_weight * -(p.gather(-1, top) * lp.gather(-1, top)).sum(-1).mean(), ce
+
+
 def inference_copy(head: EagleDraft, target: Transformer) -> EagleDraft:
     """A frozen copy in the target's dtype sharing the target's embedding (for evaluation with the loop)."""
     out = EagleDraft(head.config, target.tok_embeddings)
@@ -118,9 +135,14 @@ class Eagle3Method:
     def __init__(self, target: Transformer, tokenizer, items: list[Tokenized], *, draft_vocab_size: int = 8192,
                  ttt_steps: int = 4, step_weight: float = 0.8, aux_layers: list[int] | None = None,
                  eval_prompts: list | None = None, eval_k: int = 3, eval_max_new_tokens: int = 48,
-                 init_from: str | None = None, fc_norm: bool = False) -> None:
+                 init_from: str | None = None, fc_norm: bool = False, topk: int = 0,
+                 topk_weight: float = 1.0) -> None:
         if ttt_steps < 1:
             raise UserError(f"train.method.ttt_steps={ttt_steps}: must be >= 1")
+        if topk < 0 or topk_weight < 0:
+            raise UserError(f"train.method.topk={topk}, topk_weight={topk_weight}: both must be >= 0 "
+                            "(topk 0 = plain soft-label CE; HASS uses topk=10, topk_weight=1)")
+        self.topk, self.topk_weight = int(topk), float(topk_weight)
         self.target, self.tokenizer = target, tokenizer
         N = target.config.num_layers
         self.aux_layers = list(aux_layers) if aux_layers else default_aux_layers(N)
@@ -203,10 +225,10 @@ class Eagle3Method:
                 continue
             lp = F.log_softmax(head.lm_head(head.norm(o.reshape(B * T, -1)[sel])).float(), dim=-1)
             tgt = F.pad(t_logp[:, s:], (0, 0, 0, s)).reshape(B * T, -1)[sel]
-            loss_j = -(tgt.exp() * lp).sum(-1).mean()
+            loss_j, ce = soft_label_loss(tgt, lp, self.topk, self.topk_weight)
             total = total + self.step_weight ** j * loss_j
             with torch.no_grad():  # kl = CE - the target's own entropy (what training can remove)
-                stats[f"kl_{j}"] = float(loss_j + (tgt.exp() * tgt).sum(-1).mean())
+                stats[f"kl_{j}"] = float(ce + (tgt.exp() * tgt).sum(-1).mean())
                 stats[f"acc_{j}"] = float((lp.argmax(-1) == tgt.argmax(-1)).float().mean())
         return total, stats
 
