@@ -106,6 +106,27 @@ def test_wall_budget_stops_checkpointed_and_the_rerun_finishes_the_same_run(tiny
     assert hist[-1]["tokens"] == sum(sum(items[i].loss_mask) for i in drawn) and hist[-1]["wall_s"] > 0
 
 
+def test_raising_steps_extends_a_finished_run(tiny, data_file, tmp_path):
+    """A finished 4-step run rerun with steps=8 trains steps 4..7 on the batches an 8-step run draws there, at the
+    8-step schedule's rates (warm-up 3, cosine from step 3 to 8, floor 0.1: step 4 -> cos(pi/5), counted by hand),
+    the first resumed step included (the 4-step run had left the rate at its own floor)."""
+    import math
+
+    items = tokenize(load_examples(data_file), tiny.tokenizer, 64)
+    short = _method(tiny)
+    Trainer(short, items, _settings(steps=4, save_every=4, log_every=1), tmp_path / "run", progress=False).fit()
+    longer = _method(tiny)
+    t = Trainer(longer, items, _settings(steps=8, save_every=4, log_every=1), tmp_path / "run", progress=False)
+    assert t.try_resume() and t.step == 4
+    hist = t.fit()
+    assert t.step == 8 and hist[-1]["step"] == 8
+    rows = {h["step"]: h for h in hist if "lr" in h}
+    for step in (4, 6):  # a row is logged after its step: row step+1 holds the rate step `step` used
+        want = 3e-3 * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 3) / 5)))  # t = (step - 3) / (8 - 3)
+        assert math.isclose(rows[step + 1]["lr"], want, rel_tol=1e-6), (step, rows[step + 1]["lr"], want)
+    assert not torch.equal(next(iter(short.state_dict().values())), next(iter(longer.state_dict().values())))
+
+
 def test_export_round_trips_bit_exactly(tiny, tmp_path):
     method = _method(tiny)
     method.export(tmp_path / "model")

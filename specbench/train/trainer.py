@@ -142,6 +142,10 @@ class Trainer:
         self.opt.load_state_dict(st["opt"])
         self.sched.load_state_dict(st["sched"])
         self.step = int(st["step"])
+        # the saved rate was set by the saved run's schedule; a rerun with a larger train.steps (an extension)
+        # recomputes it from this schedule (the same value on a plain resume)
+        for g, base, f in zip(self.opt.param_groups, self.sched.base_lrs, self.sched.lr_lambdas):
+            g["lr"] = base * f(self.step)
         self.tokens, self.wall_s = int(st.get("tokens", 0)), float(st.get("wall_s", 0.0))
         self.history = json.loads((self.ckpt_dir / "history.json").read_text())["history"]
         log(f"resumed from {self.ckpt_dir} at step {self.step}")
