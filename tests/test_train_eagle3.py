@@ -214,3 +214,5 @@ def test_hass_topk_trains_and_rejects_bad_settings(tiny, items, tmp_path):
     assert logged[-1]["kl_0"] < 0.7 * logged[0]["kl_0"]
     with pytest.raises(UserError, match="train.method.topk=-1"):
         _method(tiny, items, topk=-1)
+    with pytest.raises(UserError, match="train.method.topk=0, topk_weight=2.0: .*only with topk > 0"):
+        _method(tiny, items, topk_weight=2.0)  # a weight without the term would be accepted and ignored

@@ -139,9 +139,10 @@ class Eagle3Method:
                  topk_weight: float = 1.0) -> None:
         if ttt_steps < 1:
             raise UserError(f"train.method.ttt_steps={ttt_steps}: must be >= 1")
-        if topk < 0 or topk_weight < 0:
-            raise UserError(f"train.method.topk={topk}, topk_weight={topk_weight}: both must be >= 0 "
-                            "(topk 0 = plain soft-label CE; HASS uses topk=10, topk_weight=1)")
+        if topk < 0 or topk_weight < 0 or (topk == 0 and topk_weight != 1.0):
+            raise UserError(f"train.method.topk={topk}, topk_weight={topk_weight}: both must be >= 0, and the "
+                            "weight applies only with topk > 0 (topk 0 = plain soft-label CE; HASS uses topk=10, "
+                            "topk_weight=1)")
         self.topk, self.topk_weight = int(topk), float(topk_weight)
         self.target, self.tokenizer = target, tokenizer
         N = target.config.num_layers
