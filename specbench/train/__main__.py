@@ -15,12 +15,13 @@ CONF = Path(__file__).resolve().parents[2] / "conf" / "train"
 METHODS = ("draft_model", "eagle3", "medusa", "mlp_speculator")
 
 
-REGEN_CHUNK = 64  # prompts per decode run of the regeneration (its cache is appended after each)
+REGEN_CHUNK = 64  # prompts per decode run of the regeneration per 8 in its batch (the cache is appended after each)
 
 
-def regenerate(target, tokenizer, examples, max_new: int, cache: Path, batch_size: int = 8):
+def regenerate(target, tokenizer, examples, max_new: int, cache: Path, batch_size: int = 8, progress: bool = True):
     """Self-distillation data: the target's own greedy responses to the prompts, through the decode engine (batched,
-    slot refill), in chunks of REGEN_CHUNK prompts appended to the JSONL cache as each finishes: an interrupted
+    slot refill), in chunks of REGEN_CHUNK prompts per 8 sequences of the batch (so a wide batch refills its slots
+    many times before a chunk's tail leaves them empty) appended to the JSONL cache as each finishes: an interrupted
     regeneration resumes after the last finished chunk."""
     from specbench.data.prompts import Prompt, to_requests
     from specbench.engine.loop import Engine, StopCriteria
@@ -38,11 +39,12 @@ def regenerate(target, tokenizer, examples, max_new: int, cache: Path, batch_siz
 
         eng = Engine(target, tokenizer, batch_size=batch_size, params=SamplingParams(), progress=False,
                      stop=StopCriteria(frozenset({tokenizer.eos_token_id}), max_new))
-        bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True,
+        bar = tqdm(total=len(todo), desc="regenerate", unit="prompt", dynamic_ncols=True, disable=not progress,
                    postfix={"cached": len(done)})
         with open(cache, "a") as f:  # in chunks, appended as they finish: an interrupted run resumes after them
-            for lo in range(0, len(todo), REGEN_CHUNK):
-                chunk = todo[lo: lo + REGEN_CHUNK]
+            size = REGEN_CHUNK * -(-batch_size // 8)
+            for lo in range(0, len(todo), size):
+                chunk = todo[lo: lo + size]
                 reqs = to_requests([Prompt(id=str(lo + i), prompt=e.prompt) for i, e in enumerate(chunk)], tokenizer)
                 for e, r in zip(chunk, eng.run(reqs)):
                     done[e.prompt] = r.text
@@ -202,7 +204,7 @@ def train(cfg: DictConfig) -> dict:
     held, examples = examples[:n_eval], examples[n_eval:]
     if cfg.data.mode == "self_distill":
         examples = regenerate(lm.model, lm.tokenizer, examples, int(cfg.data.regen_max_new_tokens), out / "regen.jsonl",
-                              int(cfg.data.regen_batch_size))
+                              int(cfg.data.regen_batch_size), bool(cfg.progress))
     items = tokenize(examples, lm.tokenizer, int(cfg.data.max_len))
     m = cfg.method
     if cfg.data.teacher not in ("online", "cached", "states"):
