@@ -176,6 +176,16 @@ def test_init_from_continues_earlier_weights(tiny, items, tmp_path):
     assert again.head.config.draft_vocab_size == 150  # the vocabulary comes with the weights
     with pytest.raises(UserError, match="init_from=.*no checkpoint"):
         _method(tiny, items, init_from=str(tmp_path / "nothing"))
+    with pytest.raises(UserError, match="fc_norm=true but .* has no fc_norm"):  # norms cannot be bolted on
+        _method(tiny, items, init_from=str(tmp_path / "run"), fc_norm=True)
+    # a head trained with EAGLE-3.1's norms continues with them without naming fc_norm again (the GPU
+    # recipe's second stage does this)
+    normed = _method(tiny, items, fc_norm=True)
+    Trainer(normed, items, _settings(steps=3, save_every=3), tmp_path / "normed", progress=False).fit()
+    later = _method(tiny, items, init_from=str(tmp_path / "normed"))
+    assert later.head.config.fc_norm and any(k.startswith("fc_norm.") for k in later.state_dict())
+    for k, v in normed.state_dict().items():
+        assert torch.equal(later.state_dict()[k], v), k
 
 
 def test_hass_topk_term_counted_by_hand():
