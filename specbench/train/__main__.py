@@ -187,11 +187,10 @@ def train(cfg: DictConfig) -> dict:
         raise UserError(f"method={cfg.method.name!r}; trainable methods: {', '.join(METHODS)}")
     if cfg.data.mode not in ("teacher_forced", "self_distill"):
         raise UserError(f"data.mode={cfg.data.mode!r}; valid: teacher_forced, self_distill")
-    for key in ("data.regen_batch_size", "data.regen_max_new_tokens", "train.steps"):
+    for key, low in (("data.regen_batch_size", 1), ("data.regen_max_new_tokens", 1), ("train.steps", 0)):
         v = OmegaConf.select(cfg, key)
-        if not isinstance(v, int) or isinstance(v, bool) or v < (0 if key == "train.steps" else 1):
-            valid = "an integer >= 0 (0: prepare the data, train nothing)" if key == "train.steps" else "an integer >= 1"
-            raise UserError(f"{key}={v!r}; valid: {valid}")
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            raise UserError(f"{key}={v!r}; valid: an integer >= {low}" + (" (0: prepare the data, train nothing)" * (low == 0)))
     device = resolve_device(str(cfg.get("device", "auto")))
     dtype = resolve_dtype(cfg.dtype, device)
     lm = load_model(cfg.model.path, dtype, device, cfg.cache_dir)
