@@ -43,7 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="the prompt-only JSONL to write")
     ap.add_argument("--n", type=int, default=4000, help="prompts to write (the first n after the shuffle)")
     ap.add_argument("--exclude", nargs="*", default=[], help="chat-record files whose user turns are answered")
-    ap.add_argument("--mt-bench", default=str(Path(__file__).resolve().parents[2] / "shared/data/mt_bench/question.jsonl"))
+    ap.add_argument("--mt-bench", help="MT-bench question.jsonl (its first turns are dropped)",
+                    default=str(Path(__file__).resolve().parents[2] / "shared/data/mt_bench/question.jsonl"))
     ap.add_argument("--sharegpt", default=None, help="a ShareGPT JSON file (default: the package's)")
     ap.add_argument("--max-chars", type=int, default=1500, help="longest prompt kept (characters)")
     ap.add_argument("--seed", type=int, default=2)

@@ -190,7 +190,8 @@ def train(cfg: DictConfig) -> dict:
     for key, low in (("data.regen_batch_size", 1), ("data.regen_max_new_tokens", 1), ("train.steps", 0)):
         v = OmegaConf.select(cfg, key)
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
-            raise UserError(f"{key}={v!r}; valid: an integer >= {low}" + (" (0: prepare the data, train nothing)" * (low == 0)))
+            note = " (0: prepare the data, train nothing)" if low == 0 else ""
+            raise UserError(f"{key}={v!r}; valid: an integer >= {low}{note}")
     device = resolve_device(str(cfg.get("device", "auto")))
     dtype = resolve_dtype(cfg.dtype, device)
     lm = load_model(cfg.model.path, dtype, device, cfg.cache_dir)
