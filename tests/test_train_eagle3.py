@@ -17,7 +17,12 @@ from specbench.models.attention import AttnMeta
 from specbench.models.cache import KVCache
 from specbench.models.eagle import load_eagle
 from specbench.models.transformer import build_mask
-from specbench.train.eagle3 import Eagle3Method, draft_vocabulary
+from specbench.core.sampling import SamplingParams
+from specbench.data.prompts import to_requests
+from specbench.drafters.eagle import EagleDrafter
+from specbench.engine.loop import Engine, StopCriteria
+from specbench.train.eagle3 import Eagle3Method, draft_vocabulary, inference_copy
+from specbench.train.evaluate import chain_walk
 from specbench.train.trainer import Trainer, TrainSettings
 
 CPU = torch.device("cpu")
@@ -96,6 +101,40 @@ def test_training_lowers_loss_and_raises_acceptance(tiny, items, tmp_path):
     after = hist[-1]
     assert after["eval/mean_acceptance_length"] > before, (before, after)
     assert "eval/per_position_0" in after and "acc_0" in logged[0]
+
+
+@pytest.mark.slow
+def test_teacher_forced_walk_replays_the_loop(embedded):
+    """The shipped head on the embedded target (float32): its teacher-forced drafts (the training unroll) over
+    the loop's own output, walked like the loop, give the loop's accepted count at every step — training's
+    features and positions are the decode loop's, full chains and rejections alike."""
+    from specbench.data.prompts import builtin_prompts
+
+    tok = embedded.tokenizer
+    reqs = to_requests([builtin_prompts()[i] for i in (0, 3, 6)], tok)
+    eng = Engine(embedded.model, tok, batch_size=2, params=SamplingParams(), progress=False,
+                 stop=StopCriteria(frozenset({tok.eos_token_id}), 64), drafter=EagleDrafter(), k=3)
+    method = Eagle3Method(embedded.model, tok, [], init_from=EagleDrafter().path, ttt_steps=3)
+    loop = []
+    for req, res in zip(reqs, eng.run(reqs)):
+        ids = list(req.prompt_ids) + list(res.output_ids)
+        walked, tested = chain_walk(method.greedy_drafts(ids), ids, len(req.prompt_ids), 3)
+        assert len(walked) == len(res.accepted_per_step) and walked[:-1] == res.accepted_per_step[:-1]
+        assert tested[0] == len(req.prompt_ids) + 1  # the first draft predicts the token after the first sample
+        loop += res.accepted_per_step[:-1]  # the last step may be cut by the token budget
+    assert loop.count(3) >= 3 and loop.count(0) >= 10, loop  # full chains and rejections were both replayed
+
+
+def test_chain_walk_counted_by_hand():
+    """Prompt 10 11 12, then the target's 20 .. 28 (index 3 = the prefill's sample). Proposal after pair 2
+    drafts indices 4-6: 21 22 ok, 99 != 23 -> 2 accepted, bonus 23 at 6. Next pair 5 drafts 7-9: all three ok,
+    bonus 27 at 10. Next pair 9 drafts index 11: 0 != 28 -> none, bonus 28 ends the sequence."""
+    ids = [10, 11, 12, 20, 21, 22, 23, 24, 25, 26, 27, 28]
+    drafts = [[-1, -1, -1]] * len(ids)
+    drafts[2], drafts[5], drafts[9] = [21, 22, 99], [24, 25, 26], [0, 28, 0]
+    assert chain_walk(drafts, ids, 3, 3) == ([2, 3, 0], [4, 7, 11])
+    # k = 1: 21 ok (skip to 6), -1 != 23, 24 ok (skip to 9), then 9, 10, 11 all missed
+    assert chain_walk(drafts, ids, 3, 1) == ([1, 0, 1, 0, 0, 0], [4, 6, 7, 9, 10, 11])
 
 
 def test_cached_states_match_online(tiny, items, tmp_path):

@@ -233,6 +233,19 @@ class Eagle3Method:
                 stats[f"acc_{j}"] = float((lp.argmax(-1) == tgt.argmax(-1)).float().mean())
         return total, stats
 
+    @torch.no_grad()
+    def greedy_drafts(self, ids: list[int]) -> list[list[int]]:
+        """Teacher-forced over one finished sequence: for every pair index i, the head's greedy depth-1..ttt_steps
+        drafts (target ids) of a chain proposal whose last real pair is i — what the decode loop would draft
+        there (`evaluate.chain_walk` replays the loop's acceptance from them)."""
+        x = torch.tensor([ids], device=self.target.device)
+        aux, _ = self._target_states(x, None)
+        head, out = self.head, []
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.target.dtype == torch.bfloat16):
+            for _, o in self.unroll(x, aux):
+                out.append(head.draft_ids[head.lm_head(head.norm(o[0])).float().argmax(-1)])
+        return torch.stack(out, 1).tolist()
+
     def state_dict(self) -> dict[str, Tensor]:
         return self.head.state_dict()
 

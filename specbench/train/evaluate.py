@@ -21,3 +21,22 @@ def loop_acceptance(target, tokenizer, prompts: list, drafter, k: int, max_new: 
     for i, p in enumerate(acc["per_position"]):
         out[f"eval/per_position_{i}"] = p
     return out
+
+
+def chain_walk(drafts: list[list[int]], ids: list[int], start: int, k: int) -> tuple[list[int], list[int]]:
+    """The decode loop's greedy chain walk replayed over a finished sequence `ids` (prompt = ids[:start]).
+
+    drafts[i] are the depth-1..k greedy drafts of a proposal whose last real pair is i (target hidden i,
+    token i+1), i.e. predictions of tokens i+2 .. i+1+k. The first proposal's last real pair is start-1 (the
+    last prompt position with the first sampled token); after accepting a drafts the target's bonus token sits
+    at i+2+a, so the next proposal's last real pair is i+a+1. Returns (drafts accepted at each step, the token
+    index each step's depth-1 draft was tested at)."""
+    i, accepted, tested = start - 1, [], []
+    while i + 2 < len(ids):
+        a = 0
+        while a < k and i + 2 + a < len(ids) and drafts[i][a] == ids[i + 2 + a]:
+            a += 1
+        accepted.append(a)
+        tested.append(i + 2)
+        i += a + 1
+    return accepted, tested

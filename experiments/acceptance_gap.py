@@ -1,0 +1,140 @@
+"""Where an EAGLE-3 head's acceptance goes: teacher-forced agreement vs what the decode loop accepts.
+
+Training logs top-1 agreement with the target at every response position (in-draft-vocabulary positions only);
+the decode loop's first-position rate is lower. This script takes the exact tokens a greedy chain-k run of the
+decode loop produced, runs the head teacher-forced over them (`Eagle3Method.greedy_drafts`, the training-time
+unroll) and walks the chain the way the loop does (`evaluate.chain_walk`: propose k drafts after each bonus
+token, accept the matching prefix). Then:
+
+- the walk reproduces the loop's accepted-per-step sequence (checks that training's and the loop's features
+  agree; bf16 rounding may flip a few near-ties);
+- the gap between uniform agreement and the first-position rate splits into positions whose token is outside
+  the draft vocabulary (never accepted, excluded from the training metric) and *which* positions the loop
+  tests (only those right after a bonus token — after a rejection, or after a fully accepted chain).
+
+    python experiments/acceptance_gap.py --head specbench/weights/smollm2-135m-eagle3 \\
+        --out experiments/results/acceptance_gap/shipped
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench" / "question.jsonl"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--head", default=str(ROOT / "specbench" / "weights" / "smollm2-135m-eagle3"))
+    ap.add_argument("--k", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--per-category", type=int, default=2, help="MT-bench first turns per category (2 = 16)")
+    ap.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    a = ap.parse_args()
+
+    from specbench.core.sampling import SamplingParams
+    from specbench.data.prompts import load_prompts, to_requests
+    from specbench.drafters.eagle import EagleDrafter
+    from specbench.engine.loop import Engine, StopCriteria
+    from specbench.models.loading import load_model
+    from specbench.run import resolve_dtype
+    from specbench.train.eagle3 import Eagle3Method
+    from specbench.train.evaluate import chain_walk
+
+    torch.manual_seed(0)
+    dev = torch.device("cpu")
+    lm = load_model(None, resolve_dtype("auto", dev), dev)
+    target, tok = lm.model, lm.tokenizer
+    prompts = load_prompts("jsonl", str(MT_BENCH), per_category=a.per_category)
+    reqs = to_requests(prompts, tok)
+    eng = Engine(target, tok, batch_size=1, params=SamplingParams(), progress=True,
+                 stop=StopCriteria(frozenset({tok.eos_token_id}), a.max_new_tokens),
+                 drafter=EagleDrafter(path=a.head), k=a.k)
+    results = eng.run(reqs)
+    method = Eagle3Method(target, tok, [], init_from=a.head, ttt_steps=a.k)
+    method.head.eval()
+
+    tot = {"steps": 0, "loop_steps": 0, "same_steps": 0, "loop_accepted": 0, "walk_accepted": 0,
+           "uniform": [0] * a.k, "uniform_vocab": [0] * a.k, "n_uniform": 0, "n_vocab": 0, "oov": 0,
+           "tested_oov": 0, "tested_hit": 0, "tested": 0, "after_reject": [0, 0], "after_full": [0, 0],
+           "walk_pos": [0] * a.k}
+    for req, res in zip(reqs, results):
+        ids = list(req.prompt_ids) + list(res.output_ids)
+        P = len(req.prompt_ids)
+        per_i = method.greedy_drafts(ids)
+        in_vocab = method.head.t2d[torch.tensor(ids[2:] + [0, 0])].tolist()  # [i]: token i+2 in the draft vocabulary
+        acc, tested = chain_walk(per_i, ids, P, a.k)
+        loop = res.accepted_per_step
+        tot["loop_steps"] += len(loop)
+        tot["loop_accepted"] += sum(loop)
+        tot["steps"] += len(acc)
+        tot["walk_accepted"] += sum(acc)
+        tot["same_steps"] += sum(x == y for x, y in zip(acc, loop))
+        for j in range(a.k):
+            tot["walk_pos"][j] += sum(x > j for x in acc)
+        # uniform teacher-forced agreement: every proposal point i whose depth-j target lies in the response
+        for i in range(P - 1, len(ids) - 2):
+            tot["n_uniform"] += 1
+            oov = not in_vocab[i]
+            tot["oov"] += oov
+            tot["n_vocab"] += not oov
+            for j in range(a.k):
+                if i + 2 + j < len(ids) and per_i[i][j] == ids[i + 2 + j] and all(
+                        per_i[i][m] == ids[i + 2 + m] for m in range(j)):
+                    tot["uniform"][j] += 1
+                    tot["uniform_vocab"][j] += not oov
+        prev = None
+        for t, x in zip(tested, acc):
+            tot["tested"] += 1
+            tot["tested_oov"] += not in_vocab[t - 2]
+            tot["tested_hit"] += x > 0
+            if prev is not None:
+                bucket = "after_full" if prev == a.k else "after_reject"
+                tot[bucket][0] += x > 0
+                tot[bucket][1] += 1
+            prev = x
+
+    n, s = tot["n_uniform"], tot["steps"]
+    out = {
+        "head": a.head, "k": a.k, "prompts": len(reqs), "max_new_tokens": a.max_new_tokens,
+        "loop_tau": 1 + tot["loop_accepted"] / tot["loop_steps"],
+        "walk_tau": 1 + tot["walk_accepted"] / s,
+        "walk_matches_loop_steps": tot["same_steps"] / max(tot["loop_steps"], 1),
+        "walk_per_position": [x / s for x in tot["walk_pos"]],
+        "uniform_chain_prefix": [x / n for x in tot["uniform"]],
+        "uniform_first_in_vocab_only": tot["uniform_vocab"][0] / max(tot["n_vocab"], 1),
+        "oov_rate_all_positions": tot["oov"] / n,
+        "oov_rate_tested_positions": tot["tested_oov"] / max(tot["tested"], 1),
+        "first_position_after_reject": tot["after_reject"][0] / max(tot["after_reject"][1], 1),
+        "first_position_after_full_chain": tot["after_full"][0] / max(tot["after_full"][1], 1),
+        "tested_share_of_positions": tot["tested"] / n,
+        "counts": tot,
+    }
+    text = json.dumps(out, indent=1)
+    print(text)
+    if a.out:
+        p = Path(a.out)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.with_suffix(".json").write_text(text + "\n")
+        rows = [("decode loop τ (chain k=%d)" % a.k, out["loop_tau"]),
+                ("teacher-forced walk τ", out["walk_tau"]),
+                ("steps where the walk accepts what the loop did", out["walk_matches_loop_steps"]),
+                ("walk first-position rate (= loop's)", out["walk_per_position"][0]),
+                ("uniform agreement, every position, depth 1", out["uniform_chain_prefix"][0]),
+                ("uniform agreement, in-vocabulary positions (the training metric)", out["uniform_first_in_vocab_only"]),
+                ("positions whose token is outside the draft vocabulary, all", out["oov_rate_all_positions"]),
+                ("the same, at tested first positions", out["oov_rate_tested_positions"]),
+                ("first position right after a rejection", out["first_position_after_reject"]),
+                ("first position right after a fully accepted chain", out["first_position_after_full_chain"]),
+                ("share of positions the loop tests at depth 1", out["tested_share_of_positions"])]
+        md = ["| quantity | value |", "|---|---:|"] + [f"| {q} | {v:.3f} |" for q, v in rows]
+        p.with_suffix(".md").write_text("\n".join(md) + "\n")
+
+
+if __name__ == "__main__":
+    main()
