@@ -14,6 +14,10 @@ token, accept the matching prefix). Then:
 
     python experiments/acceptance_gap.py --head specbench/weights/smollm2-135m-eagle3 \\
         --out experiments/results/acceptance_gap/shipped
+
+With `--records FILE` it skips the loop and walks the target's own greedy responses stored in a data file
+(`{"prompt", "response"}` records, as regeneration writes them; tokenized as training does): a held-out
+acceptance estimate over thousands of positions for the cost of one teacher-forced forward per record.
 """
 
 from __future__ import annotations
@@ -34,6 +38,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--per-category", type=int, default=2, help="MT-bench first turns per category (2 = 16)")
+    ap.add_argument("--records", default=None, help="walk the greedy responses in this data file instead of the loop's")
+    ap.add_argument("--skip", type=int, default=0, help="with --records: skip the first N records")
+    ap.add_argument("--limit", type=int, default=256, help="with --records: walk N records")
+    ap.add_argument("--max-len", type=int, default=512, help="with --records: tokens per record, as in training")
     ap.add_argument("--out", default=None, help="write <out>.json and <out>.md")
     a = ap.parse_args()
 
@@ -44,18 +52,24 @@ def main() -> None:
     from specbench.models.loading import load_model
     from specbench.run import resolve_dtype
     from specbench.train.eagle3 import Eagle3Method
+    from specbench.train.data import load_examples, tokenize
     from specbench.train.evaluate import chain_walk
+    from tqdm.auto import tqdm
 
     torch.manual_seed(0)
     dev = torch.device("cpu")
     lm = load_model(None, resolve_dtype("auto", dev), dev)
     target, tok = lm.model, lm.tokenizer
-    prompts = load_prompts("jsonl", str(MT_BENCH), per_category=a.per_category)
-    reqs = to_requests(prompts, tok)
-    eng = Engine(target, tok, batch_size=1, params=SamplingParams(), progress=True,
-                 stop=StopCriteria(frozenset({tok.eos_token_id}), a.max_new_tokens),
-                 drafter=EagleDrafter(path=a.head), k=a.k)
-    results = eng.run(reqs)
+    if a.records:  # (prompt length, whole sequence, None) per stored greedy response
+        items = tokenize(load_examples(a.records)[a.skip:a.skip + a.limit], tok, a.max_len)
+        runs = [(x.loss_mask.index(1), x.ids, None) for x in items]
+    else:  # the loop's own chain-k output, with its accepted count per step
+        reqs = to_requests(load_prompts("jsonl", str(MT_BENCH), per_category=a.per_category), tok)
+        eng = Engine(target, tok, batch_size=1, params=SamplingParams(), progress=True,
+                     stop=StopCriteria(frozenset({tok.eos_token_id}), a.max_new_tokens),
+                     drafter=EagleDrafter(path=a.head), k=a.k)
+        runs = [(len(q.prompt_ids), list(q.prompt_ids) + list(r.output_ids), r.accepted_per_step)
+                for q, r in zip(reqs, eng.run(reqs))]
     method = Eagle3Method(target, tok, [], init_from=a.head, ttt_steps=a.k)
     method.head.eval()
 
@@ -63,13 +77,11 @@ def main() -> None:
            "uniform": [0] * a.k, "uniform_vocab": [0] * a.k, "n_uniform": 0, "n_vocab": 0, "oov": 0,
            "tested_oov": 0, "tested_hit": 0, "tested": 0, "after_reject": [0, 0], "after_full": [0, 0],
            "walk_pos": [0] * a.k}
-    for req, res in zip(reqs, results):
-        ids = list(req.prompt_ids) + list(res.output_ids)
-        P = len(req.prompt_ids)
+    for P, ids, loop in tqdm(runs, desc="teacher-forced walk", unit="seq"):
         per_i = method.greedy_drafts(ids)
         in_vocab = method.head.t2d[torch.tensor(ids[2:] + [0, 0])].tolist()  # [i]: token i+2 in the draft vocabulary
         acc, tested = chain_walk(per_i, ids, P, a.k)
-        loop = res.accepted_per_step
+        loop = loop if loop is not None else acc
         tot["loop_steps"] += len(loop)
         tot["loop_accepted"] += sum(loop)
         tot["steps"] += len(acc)
@@ -101,8 +113,9 @@ def main() -> None:
 
     n, s = tot["n_uniform"], tot["steps"]
     out = {
-        "head": a.head, "k": a.k, "prompts": len(reqs), "max_new_tokens": a.max_new_tokens,
-        "loop_tau": 1 + tot["loop_accepted"] / tot["loop_steps"],
+        "head": a.head, "k": a.k, "source": a.records or f"MT-bench, {a.per_category} per category",
+        "sequences": len(runs), "max_new_tokens": None if a.records else a.max_new_tokens,
+        "loop_tau": None if a.records else 1 + tot["loop_accepted"] / tot["loop_steps"],
         "walk_tau": 1 + tot["walk_accepted"] / s,
         "walk_matches_loop_steps": tot["same_steps"] / max(tot["loop_steps"], 1),
         "walk_per_position": [x / s for x in tot["walk_pos"]],
@@ -123,7 +136,7 @@ def main() -> None:
         p.with_suffix(".json").write_text(text + "\n")
         rows = [("decode loop τ (chain k=%d)" % a.k, out["loop_tau"]),
                 ("teacher-forced walk τ", out["walk_tau"]),
-                ("steps where the walk accepts what the loop did", out["walk_matches_loop_steps"]),
+                ("steps where the walk accepts what the loop did", None if a.records else out["walk_matches_loop_steps"]),
                 ("walk first-position rate (= loop's)", out["walk_per_position"][0]),
                 ("uniform agreement, every position, depth 1", out["uniform_chain_prefix"][0]),
                 ("uniform agreement, in-vocabulary positions (the training metric)", out["uniform_first_in_vocab_only"]),
@@ -132,6 +145,7 @@ def main() -> None:
                 ("first position right after a rejection", out["first_position_after_reject"]),
                 ("first position right after a fully accepted chain", out["first_position_after_full_chain"]),
                 ("share of positions the loop tests at depth 1", out["tested_share_of_positions"])]
+        rows = [r for r in rows if r[1] is not None]  # --records: no loop to compare with
         md = ["| quantity | value |", "|---|---:|"] + [f"| {q} | {v:.3f} |" for q, v in rows]
         p.with_suffix(".md").write_text("\n".join(md) + "\n")
 

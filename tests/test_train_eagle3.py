@@ -209,19 +209,22 @@ def test_init_from_continues_earlier_weights(tiny, items, tmp_path):
 
     first = _method(tiny, items, draft_vocab_size=150)
     Trainer(first, items, _settings(steps=3, save_every=3), tmp_path / "run", progress=False).fit()
-    again = _method(tiny, items, init_from=str(tmp_path / "run"))  # its checkpoint (fp32)
+    again = _method(tiny, items, init_from=str(tmp_path / "run"), draft_vocab_size=None)  # its checkpoint (fp32)
     for k, v in first.state_dict().items():
         assert torch.equal(again.state_dict()[k], v), k
     assert again.head.config.draft_vocab_size == 150  # the vocabulary comes with the weights
+    assert _method(tiny, items, init_from=str(tmp_path / "run"), draft_vocab_size=150).head.config.draft_vocab_size == 150
+    with pytest.raises(UserError, match="draft_vocab_size=200 but .* has a 150-token draft vocabulary; valid: null or 150"):
+        _method(tiny, items, init_from=str(tmp_path / "run"))  # a size that would be ignored is an error
     with pytest.raises(UserError, match="init_from=.*no checkpoint"):
         _method(tiny, items, init_from=str(tmp_path / "nothing"))
     with pytest.raises(UserError, match="fc_norm=true but .* has no fc_norm"):  # norms cannot be bolted on
-        _method(tiny, items, init_from=str(tmp_path / "run"), fc_norm=True)
+        _method(tiny, items, init_from=str(tmp_path / "run"), fc_norm=True, draft_vocab_size=None)
     # a head trained with EAGLE-3.1's norms continues with them without naming fc_norm again (the GPU
     # recipe's second stage does this)
     normed = _method(tiny, items, fc_norm=True)
     Trainer(normed, items, _settings(steps=3, save_every=3), tmp_path / "normed", progress=False).fit()
-    later = _method(tiny, items, init_from=str(tmp_path / "normed"))
+    later = _method(tiny, items, init_from=str(tmp_path / "normed"), draft_vocab_size=None)
     assert later.head.config.fc_norm and any(k.startswith("fc_norm.") for k in later.state_dict())
     for k, v in normed.state_dict().items():
         assert torch.equal(later.state_dict()[k], v), k

@@ -14,7 +14,7 @@ restricted to the target's K most likely draft-vocabulary tokens, -sum_{x in top
 draft only ever proposes its top tokens, so this spends more of the gradient where acceptance is decided. (HASS's
 other half, training on the draft's own earlier outputs, is the training-time test above.)
 
-The draft vocabulary is the `draft_vocab_size` most frequent tokens of the training responses (sorted by id:
+The draft vocabulary is the `draft_vocab_size` (default 8192) most frequent tokens of the training responses (by id:
 d2t[i] = id_i - i). The head starts from the target where shapes allow it: its lm_head rows are the target's
 head rows of the draft vocabulary, its final norm the target's, and fc reads the high state.
 """
@@ -34,6 +34,8 @@ from specbench.models.eagle import EagleConfig, EagleDraft, default_aux_layers, 
 from specbench.models.transformer import Transformer, apply_rope
 from specbench.train.data import Tokenized
 from specbench.train.evaluate import loop_acceptance
+
+DRAFT_VOCAB = 8192  # draft vocabulary of a new head when draft_vocab_size is null
 
 
 def draft_vocabulary(items: list[Tokenized], vocab_size: int, size: int, always: tuple[int, ...] = ()) -> Tensor:
@@ -132,7 +134,7 @@ def ttt_attention(q: Tensor, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
 class Eagle3Method:
     name = "eagle3"
 
-    def __init__(self, target: Transformer, tokenizer, items: list[Tokenized], *, draft_vocab_size: int = 8192,
+    def __init__(self, target: Transformer, tokenizer, items: list[Tokenized], *, draft_vocab_size: int | None = None,
                  ttt_steps: int = 4, step_weight: float = 0.8, aux_layers: list[int] | None = None,
                  eval_prompts: list | None = None, eval_k: int = 3, eval_max_new_tokens: int = 48,
                  init_from: str | None = None, fc_norm: bool = False, topk: int = 0,
@@ -153,13 +155,17 @@ class Eagle3Method:
         start = _read_start(init_from) if init_from else None
         if start is not None:  # continue from earlier weights: keep their draft vocabulary
             ids = torch.arange(start["d2t"].shape[0]) + start["d2t"].long()
+            if draft_vocab_size is not None and draft_vocab_size != len(ids):
+                raise UserError(f"train.method.draft_vocab_size={draft_vocab_size} but train.method.init_from="
+                                f"{init_from} has a {len(ids)}-token draft vocabulary; valid: null or {len(ids)} "
+                                "(a continuation keeps its vocabulary)")
             has_norm = any(k.startswith("fc_norm.") for k in start)
             if fc_norm and not has_norm:
                 raise UserError(f"train.method.fc_norm=true but train.method.init_from={init_from} has no fc_norm "
                                 "(an EAGLE-3 head without EAGLE-3.1's norms); valid: fc_norm=false, or start anew")
             fc_norm = has_norm  # a head with the norms continues with them
         else:
-            ids = draft_vocabulary(items, target.config.vocab_size, draft_vocab_size, eos)
+            ids = draft_vocabulary(items, target.config.vocab_size, draft_vocab_size or DRAFT_VOCAB, eos)
         self.head = new_head(target, ids, self.aux_layers, fc_norm)  # on the CPU until moved below
         if start is not None:
             try:
