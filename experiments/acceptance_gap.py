@@ -15,7 +15,8 @@ token, accept the matching prefix). Then:
     python experiments/acceptance_gap.py --head specbench/weights/smollm2-135m-eagle3 \\
         --out experiments/results/acceptance_gap/shipped
 
-With `--records FILE` it skips the loop and walks the target's own greedy responses stored in a data file
+With `--target-only` it walks target-only greedy output instead (the same text for every head: paired
+comparisons; `--per-category 10` = all 80 first turns). With `--records FILE` it skips the loop and walks the target's own greedy responses stored in a data file
 (`{"prompt", "response"}` records, as regeneration writes them; tokenized as training does): a held-out
 acceptance estimate over thousands of positions for the cost of one teacher-forced forward per record.
 """
@@ -38,6 +39,8 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--per-category", type=int, default=2, help="MT-bench first turns per category (2 = 16)")
+    ap.add_argument("--target-only", action="store_true",
+                    help="walk target-only greedy output of the MT-bench prompts (the same text for every head)")
     ap.add_argument("--records", default=None, help="walk the greedy responses in this data file instead of the loop's")
     ap.add_argument("--skip", type=int, default=0, help="with --records: skip the first N records")
     ap.add_argument("--limit", type=int, default=256, help="with --records: walk N records")
@@ -65,10 +68,11 @@ def main() -> None:
         runs = [(x.loss_mask.index(1), x.ids, None) for x in items]
     else:  # the loop's own chain-k output, with its accepted count per step
         reqs = to_requests(load_prompts("jsonl", str(MT_BENCH), per_category=a.per_category), tok)
-        eng = Engine(target, tok, batch_size=1, params=SamplingParams(), progress=True,
+        drafter = None if a.target_only else EagleDrafter(path=a.head)
+        eng = Engine(target, tok, batch_size=8 if a.target_only else 1, params=SamplingParams(), progress=True,
                      stop=StopCriteria(frozenset({tok.eos_token_id}), a.max_new_tokens),
-                     drafter=EagleDrafter(path=a.head), k=a.k)
-        runs = [(len(q.prompt_ids), list(q.prompt_ids) + list(r.output_ids), r.accepted_per_step)
+                     drafter=drafter, k=a.k if drafter else 0)
+        runs = [(len(q.prompt_ids), list(q.prompt_ids) + list(r.output_ids), r.accepted_per_step if drafter else None)
                 for q, r in zip(reqs, eng.run(reqs))]
     method = Eagle3Method(target, tok, [], init_from=a.head, ttt_steps=a.k)
     method.head.eval()
@@ -77,6 +81,7 @@ def main() -> None:
            "uniform": [0] * a.k, "uniform_vocab": [0] * a.k, "n_uniform": 0, "n_vocab": 0, "oov": 0,
            "tested_oov": 0, "tested_hit": 0, "tested": 0, "after_reject": [0, 0], "after_full": [0, 0],
            "walk_pos": [0] * a.k}
+    per_seq = []  # (walk steps, drafts accepted) per sequence: paired comparisons of heads on the same text
     for P, ids, loop in tqdm(runs, desc="teacher-forced walk", unit="seq"):
         per_i = method.greedy_drafts(ids)
         in_vocab = method.head.t2d[torch.tensor(ids[2:] + [0, 0])].tolist()  # [i]: token i+2 in the draft vocabulary
@@ -86,6 +91,7 @@ def main() -> None:
         tot["loop_accepted"] += sum(loop)
         tot["steps"] += len(acc)
         tot["walk_accepted"] += sum(acc)
+        per_seq.append([len(acc), sum(acc)])
         tot["same_steps"] += sum(x == y for x, y in zip(acc, loop))
         for j in range(a.k):
             tot["walk_pos"][j] += sum(x > j for x in acc)
@@ -113,9 +119,10 @@ def main() -> None:
 
     n, s = tot["n_uniform"], tot["steps"]
     out = {
-        "head": a.head, "k": a.k, "source": a.records or f"MT-bench, {a.per_category} per category",
+        "head": a.head, "k": a.k,
+        "source": a.records or f"MT-bench, {a.per_category} per category" + (", target-only text" if a.target_only else ""),
         "sequences": len(runs), "max_new_tokens": None if a.records else a.max_new_tokens,
-        "loop_tau": None if a.records else 1 + tot["loop_accepted"] / tot["loop_steps"],
+        "loop_tau": None if a.records or a.target_only else 1 + tot["loop_accepted"] / tot["loop_steps"],
         "walk_tau": 1 + tot["walk_accepted"] / s,
         "walk_matches_loop_steps": tot["same_steps"] / max(tot["loop_steps"], 1),
         "walk_per_position": [x / s for x in tot["walk_pos"]],
@@ -127,6 +134,7 @@ def main() -> None:
         "first_position_after_full_chain": tot["after_full"][0] / max(tot["after_full"][1], 1),
         "tested_share_of_positions": tot["tested"] / n,
         "counts": tot,
+        "per_sequence_steps_accepted": per_seq,
     }
     text = json.dumps(out, indent=1)
     print(text)
@@ -136,7 +144,8 @@ def main() -> None:
         p.with_suffix(".json").write_text(text + "\n")
         rows = [("decode loop τ (chain k=%d)" % a.k, out["loop_tau"]),
                 ("teacher-forced walk τ", out["walk_tau"]),
-                ("steps where the walk accepts what the loop did", None if a.records else out["walk_matches_loop_steps"]),
+                ("steps where the walk accepts what the loop did",
+                 None if out["loop_tau"] is None else out["walk_matches_loop_steps"]),
                 ("walk first-position rate (= loop's)", out["walk_per_position"][0]),
                 ("uniform agreement, every position, depth 1", out["uniform_chain_prefix"][0]),
                 ("uniform agreement, in-vocabulary positions (the training metric)", out["uniform_first_in_vocab_only"]),
@@ -145,7 +154,7 @@ def main() -> None:
                 ("first position right after a rejection", out["first_position_after_reject"]),
                 ("first position right after a fully accepted chain", out["first_position_after_full_chain"]),
                 ("share of positions the loop tests at depth 1", out["tested_share_of_positions"])]
-        rows = [r for r in rows if r[1] is not None]  # --records: no loop to compare with
+        rows = [r for r in rows if r[1] is not None]  # --records / --target-only: no loop to compare with
         md = ["| quantity | value |", "|---|---:|"] + [f"| {q} | {v:.3f} |" for q, v in rows]
         p.with_suffix(".md").write_text("\n".join(md) + "\n")
 
