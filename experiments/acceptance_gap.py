@@ -16,9 +16,10 @@ token, accept the matching prefix). Then:
         --out experiments/results/acceptance_gap/shipped
 
 With `--target-only` it walks target-only greedy output instead (the same text for every head: paired
-comparisons; `--per-category 10` = all 80 first turns). With `--records FILE` it skips the loop and walks the target's own greedy responses stored in a data file
-(`{"prompt", "response"}` records, as regeneration writes them; tokenized as training does): a held-out
-acceptance estimate over thousands of positions for the cost of one teacher-forced forward per record.
+comparisons; `--per-category 10` = all 80 first turns). With `--records FILE` it skips the loop and walks the
+target's own greedy responses stored in a data file (`{"prompt", "response"}` records, as regeneration writes
+them; tokenized as training does): a held-out acceptance estimate over thousands of positions for the cost of
+one teacher-forced forward per record.
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ def build_eagle3(cfg: DictConfig, lm, items, prompts):
     from specbench.train.eagle3 import Eagle3Method
 
     m = cfg.method
-    method = Eagle3Method(lm.model, lm.tokenizer, items, draft_vocab_size=None if m.get("draft_vocab_size") is None else int(m.draft_vocab_size),
+    vocab = m.get("draft_vocab_size")
+    method = Eagle3Method(lm.model, lm.tokenizer, items, draft_vocab_size=None if vocab is None else int(vocab),
                           ttt_steps=int(m.ttt_steps), step_weight=float(m.step_weight),
                           aux_layers=list(m.aux_layers) if m.aux_layers else None, eval_prompts=prompts,
                           eval_k=int(m.eval_k), eval_max_new_tokens=int(m.eval_max_new_tokens),

@@ -249,7 +249,7 @@ class Eagle3Method:
         head, out = self.head, []
         with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=self.target.dtype == torch.bfloat16):
             for _, o in self.unroll(x, aux):
-                out.append(head.draft_ids[head.lm_head(head.norm(o[0])).float().argmax(-1)])
+                out.append(head.draft_ids[head.logits(o[0]).float().argmax(-1)])
         return torch.stack(out, 1).tolist()
 
     def state_dict(self) -> dict[str, Tensor]:
