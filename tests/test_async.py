@@ -86,8 +86,9 @@ def test_async_timing_recorded(tiny_lm):
 
 def test_bookkeeping_leaves_the_critical_path(tiny_lm, monkeypatch):
     """A step that takes 10 ms outside the GIL (as a device step or a long kernel) and bookkeeping that takes
-    2 ms (a slow metrics sink): synchronously every step pays both; with async scheduling the bookkeeping runs
-    beside the next step, so almost none of it is on the critical path and a step is shorter by about it."""
+    6 ms (a slow metrics sink): synchronously every step pays both; with async scheduling the bookkeeping runs
+    beside the next step, so almost none of it is on the critical path and a step is shorter by about it.
+    Wall times are the best of three interleaved runs per mode (a shared 2-core machine is noisy)."""
     import time
 
     step = Engine._step
@@ -97,20 +98,23 @@ def test_bookkeeping_leaves_the_critical_path(tiny_lm, monkeypatch):
         return step(self, slots)
 
     monkeypatch.setattr(Engine, "_step", slow_step)
-    runs = {}
-    for async_ in (False, True):
-        e = _engine(tiny_lm, DraftModelDrafter(model=tiny_lm.model), 3, async_=async_)
-        e.on_step = lambda rec: time.sleep(0.002)
-        t0 = time.perf_counter()
-        res = e.run(_requests())
-        runs[async_] = (e, time.perf_counter() - t0, [r.output_ids for r in res])
-    (sync, sync_wall, sync_ids), (asy, asy_wall, asy_ids) = runs[False], runs[True]
+    runs: dict = {}
+    for _ in range(3):
+        for async_ in (False, True):
+            e = _engine(tiny_lm, DraftModelDrafter(model=tiny_lm.model), 3, async_=async_)
+            e.on_step = lambda rec: time.sleep(0.006)
+            t0 = time.perf_counter()
+            res = e.run(_requests())
+            per_step = (time.perf_counter() - t0) / e.num_steps
+            if async_ not in runs or per_step < runs[async_][1]:
+                runs[async_] = (e, per_step, [r.output_ids for r in res])
+    (sync, sync_step, sync_ids), (asy, asy_step, asy_ids) = runs[False], runs[True]
     assert asy_ids == sync_ids
-    assert sync.timing["host_critical_s"] == sync.timing["host_s"] >= 0.002 * sync.num_steps
+    assert sync.timing["host_critical_s"] == sync.timing["host_s"] >= 0.006 * sync.num_steps
     assert asy.timing["host_s"] > 0.9 * sync.timing["host_s"]  # the same bookkeeping, done elsewhere
     assert asy.timing["host_critical_s"] < 0.2 * asy.timing["host_s"]
     # per step (async runs a few more: refills one step later, a last step for requests already stopped)
-    assert asy_wall / asy.num_steps < sync_wall / sync.num_steps - 0.001
+    assert asy_step < sync_step - 0.0025
 
 
 # ------------------------------------------------------------------------------------------- synthetic rule
