@@ -20,6 +20,12 @@ comparisons; `--per-category 10` = all 80 first turns). With `--records FILE` it
 target's own greedy responses stored in a data file (`{"prompt", "response"}` records, as regeneration writes
 them; tokenized as training does): a held-out acceptance estimate over thousands of positions for the cost of
 one teacher-forced forward per record.
+
+`--compare A.json B.json ...` reads earlier `--out` files walked over the same text and prints a paired table
+against the first (per-sequence τ difference, its standard error, sequences better / worse):
+
+    python experiments/acceptance_gap.py --compare results/acceptance_gap/head2_mt80.json \
+        results/acceptance_gap/head3_mt80.json
 """
 
 from __future__ import annotations
@@ -47,7 +53,12 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=256, help="with --records: walk N records")
     ap.add_argument("--max-len", type=int, default=512, help="with --records: tokens per record, as in training")
     ap.add_argument("--out", default=None, help="write <out>.json and <out>.md")
+    ap.add_argument("--compare", nargs="+", default=None, metavar="JSON",
+                    help="paired comparison of earlier --out files over the same text (the first is the reference)")
     a = ap.parse_args()
+    if a.compare:
+        compare(a.compare)
+        return
 
     from specbench.core.sampling import SamplingParams
     from specbench.data.prompts import load_prompts, to_requests
@@ -159,6 +170,29 @@ def main() -> None:
         md = ["| quantity | value |", "|---|---:|"] + [f"| {q} | {v:.3f} |" for q, v in rows]
         p.with_suffix(".md").write_text("\n".join(md) + "\n")
 
+
+def compare(paths: list[str]) -> None:
+    """Print the paired table of `--compare` (exit 2 naming the file when one is not over the same text)."""
+    import sys
+
+    from specbench.train.evaluate import paired_walks
+
+    if len(paths) < 2:
+        print(f"error: --compare needs a reference and at least one more file, got {len(paths)}", file=sys.stderr)
+        sys.exit(2)
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    cells = ["reference | —"]
+    for p, r in zip(paths[1:], runs[1:]):
+        try:
+            d = paired_walks(runs[0]["per_sequence_steps_accepted"], r["per_sequence_steps_accepted"])
+        except ValueError as e:
+            print(f"error: --compare {p} against {paths[0]}: {e}", file=sys.stderr)
+            sys.exit(2)
+        cells.append(f"{d['mean_diff']:+.4f} ± {d['se']:.4f} | {d['better']} / {d['worse']} of {d['n']}")
+    print("| head | walk τ | first position | paired τ diff vs the first (± SE) | sequences better / worse |")
+    print("|---|---:|---:|---:|---:|")
+    for p, r, cell in zip(paths, runs, cells):
+        print(f"| `{p}` | {r['walk_tau']:.4f} | {r['walk_per_position'][0]:.4f} | {cell} |")
 
 if __name__ == "__main__":
     main()

@@ -22,7 +22,7 @@ from specbench.data.prompts import to_requests
 from specbench.drafters.eagle import EagleDrafter
 from specbench.engine.loop import Engine, StopCriteria
 from specbench.train.eagle3 import Eagle3Method, draft_vocabulary, inference_copy
-from specbench.train.evaluate import chain_walk
+from specbench.train.evaluate import chain_walk, paired_walks
 from specbench.train.trainer import Trainer, TrainSettings
 
 CPU = torch.device("cpu")
@@ -136,6 +136,20 @@ def test_chain_walk_counted_by_hand():
     # k = 1: 21 ok (skip to 6), -1 != 23, 24 ok (skip to 9), then 9, 10, 11 all missed
     assert chain_walk(drafts, ids, 3, 1) == ([1, 0, 1, 0, 0, 0], [4, 6, 7, 9, 10, 11])
 
+
+
+def test_paired_walks_counted_by_hand():
+    """Three sequences walked by two heads. Seq 1: 10 steps, 5 accepted (τ 1.5) vs 8 steps, 7 accepted (τ 1.875),
+    both 15 tokens: +0.375. Seq 2: 4 + 4 vs 5 + 3 (8 tokens): 1 - 0.6 -> -0.4. Seq 3: identical: 0. Mean
+    -0.025/3; deviations 0.38333, -0.39167, 0.00833; squares sum 0.30042; /2/3 -> SE 0.22376."""
+    d = paired_walks([[10, 5], [4, 4], [6, 0]], [[8, 7], [5, 3], [6, 0]])
+    assert d["n"] == 3 and d["better"] == 1 and d["worse"] == 1
+    assert d["mean_diff"] == pytest.approx(-0.025 / 3)
+    assert d["se"] == pytest.approx(0.22376, abs=1e-5)
+    with pytest.raises(ValueError, match="different text"):  # 15 tokens against 12
+        paired_walks([[10, 5], [4, 4]], [[8, 4], [4, 4]])
+    with pytest.raises(ValueError, match="same sequences"):
+        paired_walks([[10, 5], [4, 4]], [[10, 5]])
 
 def test_cached_states_match_online(tiny, items, tmp_path):
     from specbench.train.features import TargetStates

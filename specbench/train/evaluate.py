@@ -40,3 +40,20 @@ def chain_walk(drafts: list[list[int]], ids: list[int], start: int, k: int) -> t
         tested.append(i + 2)
         i += a + 1
     return accepted, tested
+
+
+def paired_walks(ref: list[list[int]], other: list[list[int]]) -> dict[str, float]:
+    """Paired comparison of two heads walked over the same sequences: `ref` / `other` hold (steps, drafts
+    accepted) per sequence (acceptance_gap.py's `per_sequence_steps_accepted`). Per sequence τ = 1 +
+    accepted / steps; returns the mean of other − ref, its standard error, and how many sequences improved."""
+    if len(ref) != len(other) or len(ref) < 2:
+        raise ValueError(f"paired walks need the same sequences, at least 2: got {len(ref)} and {len(other)}")
+    d = []
+    for (sa, xa), (sb, xb) in zip(ref, other):
+        if abs((sa + xa) - (sb + xb)) > 1:  # each step covers accepted + 1 tokens; the last may overrun by one
+            raise ValueError(f"paired walks cover different text: {sa}+{xa} vs {sb}+{xb} tokens")
+        d.append(xb / sb - xa / sa)
+    n = len(d)
+    mean = sum(d) / n
+    se = (sum((x - mean) ** 2 for x in d) / (n - 1) / n) ** 0.5
+    return {"mean_diff": mean, "se": se, "better": sum(x > 0 for x in d), "worse": sum(x < 0 for x in d), "n": n}
