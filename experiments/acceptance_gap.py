@@ -24,8 +24,8 @@ one teacher-forced forward per record.
 `--compare A.json B.json ...` reads earlier `--out` files walked over the same text and prints a paired table
 against the first (per-sequence τ difference, its standard error, sequences better / worse):
 
-    python experiments/acceptance_gap.py --compare results/acceptance_gap/head2_mt80.json \
-        results/acceptance_gap/head3_mt80.json
+    python experiments/acceptance_gap.py --compare experiments/results/acceptance_gap/head2_mt80.json \\
+        experiments/results/acceptance_gap/head3_mt80.json
 """
 
 from __future__ import annotations
@@ -180,7 +180,16 @@ def compare(paths: list[str]) -> None:
     if len(paths) < 2:
         print(f"error: --compare needs a reference and at least one more file, got {len(paths)}", file=sys.stderr)
         sys.exit(2)
-    runs = [json.loads(Path(p).read_text()) for p in paths]
+    runs = []
+    for p in paths:
+        try:
+            r = json.loads(Path(p).read_text())
+            r["per_sequence_steps_accepted"], r["walk_tau"], r["walk_per_position"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"error: --compare {p}: not an acceptance_gap.py --out JSON with per-sequence counts ({e!r})",
+                  file=sys.stderr)
+            sys.exit(2)
+        runs.append(r)
     cells = ["reference | —"]
     for p, r in zip(paths[1:], runs[1:]):
         try:
@@ -193,6 +202,7 @@ def compare(paths: list[str]) -> None:
     print("|---|---:|---:|---:|---:|")
     for p, r, cell in zip(paths, runs, cells):
         print(f"| `{p}` | {r['walk_tau']:.4f} | {r['walk_per_position'][0]:.4f} | {cell} |")
+
 
 if __name__ == "__main__":
     main()

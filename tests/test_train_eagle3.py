@@ -137,7 +137,6 @@ def test_chain_walk_counted_by_hand():
     assert chain_walk(drafts, ids, 3, 1) == ([1, 0, 1, 0, 0, 0], [4, 6, 7, 9, 10, 11])
 
 
-
 def test_paired_walks_counted_by_hand():
     """Three sequences walked by two heads. Seq 1: 10 steps, 5 accepted (τ 1.5) vs 8 steps, 7 accepted (τ 1.875),
     both 15 tokens: +0.375. Seq 2: 4 + 4 vs 5 + 3 (8 tokens): 1 - 0.6 -> -0.4. Seq 3: identical: 0. Mean
@@ -150,6 +149,7 @@ def test_paired_walks_counted_by_hand():
         paired_walks([[10, 5], [4, 4]], [[8, 4], [4, 4]])
     with pytest.raises(ValueError, match="same sequences"):
         paired_walks([[10, 5], [4, 4]], [[10, 5]])
+
 
 def test_cached_states_match_online(tiny, items, tmp_path):
     from specbench.train.features import TargetStates
