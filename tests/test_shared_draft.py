@@ -212,3 +212,34 @@ def test_train_cli_target_tables(tmp_path, tiny_dir):
     assert run.returncode == 0, run.stderr[-2000:]
     bad = subprocess.run([*args, "data.teacher=cached"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "draft_vocab_size=30 with data.teacher=cached" in bad.stderr
+
+
+def test_init_from_continues_a_run_or_an_exported_draft(target, items, tmp_path):
+    m = _method(target, items, draft_vocab_size=40)
+    Trainer(m, items, TrainSettings(steps=2, batch_size=4, lr=1e-2, warmup=1, eval_every=0, save_every=2,
+                                    log_every=2, bf16=False), tmp_path / "run", progress=False).fit()
+    m.export(tmp_path / "model")
+    trained = {k: v for k, v in m.student.state_dict().items() if k.startswith(("layers.", "norm."))}
+    fresh = _method(target, items).student.state_dict()  # the target's layer 0, untrained
+    assert any(not torch.equal(v, fresh[k]) for k, v in trained.items())
+
+    run = _method(target, items, init_from=str(tmp_path / "run"))  # the checkpoint: fp32, exact
+    assert torch.equal(run.vocab_ids, m.vocab_ids) and len(run.vocab_ids) == 40
+    for k, v in trained.items():
+        assert torch.equal(run.student.state_dict()[k], v), k
+    compact = _method(target, items, init_from=str(tmp_path / "model"), draft_vocab_size=40)  # the bf16 export
+    assert torch.equal(compact.vocab_ids, m.vocab_ids)
+    for k, v in trained.items():
+        assert torch.equal(compact.student.state_dict()[k], v.bfloat16().float()), k
+    full = DraftModelMethod(target.model, target.tokenizer, layers=[0], init_from=str(tmp_path / "model/full"))
+    assert full.vocab_ids is None and full.student.tok_embeddings.weight.requires_grad  # its own tables, trained
+    assert torch.equal(full.student.layers[0].attn.wqkv.weight, compact.student.layers[0].attn.wqkv.weight)
+
+    bad = [({"layers": [0, 1]}, "has 1 layers but the draft being trained has 2 .*valid: 1"),
+           ({"draft_vocab_size": 50}, "draft_vocab_size=50 but .* has a 40-token draft vocabulary; valid: null or 40"),
+           ({"init_from": str(tmp_path / "model/full")}, "has its own vocabulary tables but .*target_tables=true; "
+                                                        "valid: target_tables=false"),
+           ({"init_from": str(tmp_path / "nothing")}, "nothing: no checkpoint/model.safetensors or config.json")]
+    for kw, msg in bad:
+        with pytest.raises(UserError, match=msg):
+            _method(target, items, **{"init_from": str(tmp_path / "run"), **kw})

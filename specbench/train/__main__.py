@@ -66,7 +66,7 @@ def build_draft_model(cfg: DictConfig, lm, items, prompts):
                               embed_init=str(m.get("embed_init", "random")),
                               target_tables=bool(m.get("target_tables", False)),
                               draft_vocab_size=None if m.get("draft_vocab_size") is None else int(m.draft_vocab_size),
-                              items=items)
+                              items=items, init_from=m.get("init_from"))
     if method.vocab_ids is not None and cfg.data.teacher == "cached":
         raise UserError(f"train.method.draft_vocab_size={m.draft_vocab_size} with data.teacher=cached: the cached "
                         "top-k tokens are not the draft vocabulary; valid: data.teacher=online or states")

@@ -71,13 +71,38 @@ def student_from_target(target: Transformer, layers: list[int] | None, num_layer
     return student.float()
 
 
+def read_start(path: str, target: Transformer) -> tuple[dict[str, Tensor], Tensor | None]:
+    """Weights to continue from, in the trainer's names, float32, and the reduced head's target ids (or None):
+    a training run's folder (its checkpoint) or an exported draft — compact (`models/shared_draft.py`, the
+    target's tables put in and left out again) or a complete HF model (with its own tables)."""
+    from safetensors.torch import load_file
+
+    from specbench.models.loading import load_model
+    from specbench.models.shared_draft import is_compact, load_compact
+
+    p = Path(path).expanduser()
+    cpu = torch.device("cpu")
+    if (p / "checkpoint" / "model.safetensors").is_file():
+        sd = {k: v.float() if v.is_floating_point() else v
+              for k, v in load_file(str(p / "checkpoint" / "model.safetensors")).items()}
+        return sd, sd.pop("vocab_ids", None)
+    if not (p / "config.json").is_file():
+        raise UserError(f"train.method.init_from={path}: no checkpoint/model.safetensors or config.json there; "
+                        "valid: a training run's folder or an exported draft model")
+    if is_compact(p):
+        model, ids = load_compact(p, target, torch.float32, cpu)
+        return {k: v for k, v in model.state_dict().items() if k not in OWN_TABLES}, ids
+    return dict(load_model(str(p), torch.float32, cpu).model.state_dict()), None
+
+
 class DraftModelMethod:
     name = "draft_model"
 
     def __init__(self, target: Transformer, tokenizer, *, init: str = "target_layers", layers: list[int] | None = None,
                  num_layers: int | None = None, width: dict | None = None, eval_prompts: list | None = None,
                  eval_k: int = 4, eval_max_new_tokens: int = 48, embed_init: str = "random",
-                 target_tables: bool = False, draft_vocab_size: int | None = None, items: list | None = None) -> None:
+                 target_tables: bool = False, draft_vocab_size: int | None = None, items: list | None = None,
+                 init_from: str | None = None) -> None:
         if init not in ("target_layers", "scratch"):
             raise UserError(f"train.method.init={init!r}; valid: target_layers, scratch")
         if embed_init not in ("random", "svd"):
@@ -100,17 +125,50 @@ class DraftModelMethod:
         if draft_vocab_size is not None and not self.target_tables:
             raise UserError(f"train.method.draft_vocab_size={draft_vocab_size}: a reduced head is made of the "
                             "target's lm_head rows; it needs train.method.target_tables=true")
+        start, start_ids = read_start(init_from, target) if init_from else (None, None)
+        if start is not None:
+            self._check_start(init_from, start, start_ids, draft_vocab_size)
+            draft_vocab_size = None if start_ids is None else len(start_ids)
         if self.target_tables:
             self._share_tables()
-            if draft_vocab_size is not None:
+            if start_ids is not None:  # a continuation keeps its vocabulary
+                self.vocab_ids = start_ids.to(target.device)
+            elif draft_vocab_size is not None:
                 from specbench.train.eagle3 import draft_vocabulary
 
                 V = target.config.vocab_size
                 self.vocab_ids = draft_vocabulary(items or [], V, int(draft_vocab_size),
                                                   tuple(target.config.eos_token_id))
                 self.vocab_ids = self.vocab_ids.to(target.device)
+        if start is not None:
+            self.load_state_dict(start if start_ids is None else {**start, "vocab_ids": start_ids})
         self.teacher = None  # a TeacherTopK to train from cached target top-k log-probs instead of on the fly
         self.states = None  # or a TargetStates cache (full-vocabulary KL from the cached final-normed states)
+
+    def _check_start(self, init_from: str, start: dict[str, Tensor], ids: Tensor | None,
+                     draft_vocab_size: int | None) -> None:
+        """The start must be this draft's shape: same layers, same tables (own or the target's), same vocabulary."""
+        own = {k for k in self.student.state_dict() if k not in OWN_TABLES}
+        n_start = len({k.split(".")[1] for k in start if k.startswith("layers.")})
+        if n_start != self.student.config.num_layers:
+            raise UserError(f"train.method.init_from={init_from} has {n_start} layers but the draft being trained "
+                            f"has {self.student.config.num_layers} (train.method.layers / num_layers); valid: "
+                            f"{n_start} (the start's weights replace them)")
+        has_tables = "tok_embeddings.weight" in start
+        if has_tables == self.target_tables:
+            raise UserError(f"train.method.init_from={init_from} {'has its own' if has_tables else 'has no'} "
+                            f"vocabulary tables but train.method.target_tables={str(self.target_tables).lower()}; "
+                            f"valid: target_tables={str(not has_tables).lower()}")
+        if ids is not None and draft_vocab_size is not None and draft_vocab_size != len(ids):
+            raise UserError(f"train.method.draft_vocab_size={draft_vocab_size} but train.method.init_from="
+                            f"{init_from} has a {len(ids)}-token draft vocabulary; valid: null or {len(ids)} "
+                            "(a continuation keeps its vocabulary)")
+        if ids is None and draft_vocab_size is not None:
+            raise UserError(f"train.method.draft_vocab_size={draft_vocab_size} but train.method.init_from="
+                            f"{init_from} has a full-vocabulary head; valid: null (a continuation keeps it)")
+        missing = sorted(own - set(start))
+        if missing:
+            raise UserError(f"train.method.init_from={init_from}: does not fit this target (missing {missing[0]})")
 
     @property
     def head_rows(self) -> Tensor:
