@@ -1,4 +1,4 @@
-"""Where an EAGLE-3 head's acceptance goes: teacher-forced agreement vs what the decode loop accepts.
+"""Where an EAGLE-3 head's (or a draft model's) acceptance goes: teacher-forced agreement vs what the loop accepts.
 
 Training logs top-1 agreement with the target at every response position (in-draft-vocabulary positions only);
 the decode loop's first-position rate is lower. This script takes the exact tokens a greedy chain-k run of the
@@ -20,6 +20,10 @@ comparisons; `--per-category 10` = all 80 first turns). With `--records FILE` it
 target's own greedy responses stored in a data file (`{"prompt", "response"}` records, as regeneration writes
 them; tokenized as training does): a held-out acceptance estimate over thousands of positions for the cost of
 one teacher-forced forward per record.
+
+`--draft DIR` walks a draft model (`method=draft_model`'s folder, compact or HF) instead of a head: its chain
+drafts come from one teacher-forced forward (`train.draft_model.greedy_chain_drafts`; a test checks the walk
+replays the loop), so `--draft A --target-only` and `--draft B --target-only` compare two drafts pairwise.
 
 `--compare A.json B.json ...` reads earlier `--out` files walked over the same text and prints a paired table
 against the first (per-sequence τ difference, its standard error, sequences better / worse):
@@ -43,6 +47,7 @@ MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench" / "question.jsonl"
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--head", default=str(ROOT / "specbench" / "weights" / "smollm2-135m-eagle3"))
+    ap.add_argument("--draft", default=None, help="walk this draft model folder (compact or HF) instead of --head")
     ap.add_argument("--k", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--per-category", type=int, default=2, help="MT-bench first turns per category (2 = 16)")
@@ -62,10 +67,12 @@ def main() -> None:
 
     from specbench.core.sampling import SamplingParams
     from specbench.data.prompts import load_prompts, to_requests
+    from specbench.drafters.draft_model import DraftModelDrafter
     from specbench.drafters.eagle import EagleDrafter
     from specbench.engine.loop import Engine, StopCriteria
     from specbench.models.loading import load_model
     from specbench.run import resolve_dtype
+    from specbench.train.draft_model import greedy_chain_drafts
     from specbench.train.eagle3 import Eagle3Method
     from specbench.train.data import load_examples, tokenize
     from specbench.train.evaluate import chain_walk
@@ -80,14 +87,25 @@ def main() -> None:
         runs = [(x.loss_mask.index(1), x.ids, None) for x in items]
     else:  # the loop's own chain-k output, with its accepted count per step
         reqs = to_requests(load_prompts("jsonl", str(MT_BENCH), per_category=a.per_category), tok)
-        drafter = None if a.target_only else EagleDrafter(path=a.head)
+        drafter = None if a.target_only else DraftModelDrafter(path=a.draft) if a.draft else EagleDrafter(path=a.head)
         eng = Engine(target, tok, batch_size=8 if a.target_only else 1, params=SamplingParams(), progress=True,
                      stop=StopCriteria(frozenset({tok.eos_token_id}), a.max_new_tokens),
                      drafter=drafter, k=a.k if drafter else 0)
         runs = [(len(q.prompt_ids), list(q.prompt_ids) + list(r.output_ids), r.accepted_per_step if drafter else None)
                 for q, r in zip(reqs, eng.run(reqs))]
-    method = Eagle3Method(target, tok, [], init_from=a.head, ttt_steps=a.k)
-    method.head.eval()
+    if a.draft:  # an autoregressive draft: one teacher-forced forward gives every chain's drafts
+        d = DraftModelDrafter(path=a.draft)
+        d.setup(target, 1, 16, a.k, SamplingParams(), torch.Generator())
+        V = target.config.vocab_size
+        t2d = torch.ones(V, dtype=torch.bool) if d.vocab_ids is None else \
+            torch.zeros(V, dtype=torch.bool).index_fill_(0, d.vocab_ids.cpu(), True)
+
+        def drafts_of(ids):
+            return greedy_chain_drafts(d.model, d.vocab_ids, ids, a.k)
+    else:
+        method = Eagle3Method(target, tok, [], init_from=a.head, ttt_steps=a.k)
+        method.head.eval()
+        drafts_of, t2d = method.greedy_drafts, method.head.t2d.cpu()
 
     tot = {"steps": 0, "loop_steps": 0, "same_steps": 0, "loop_accepted": 0, "walk_accepted": 0,
            "uniform": [0] * a.k, "uniform_vocab": [0] * a.k, "n_uniform": 0, "n_vocab": 0, "oov": 0,
@@ -95,8 +113,8 @@ def main() -> None:
            "walk_pos": [0] * a.k}
     per_seq = []  # (walk steps, drafts accepted) per sequence: paired comparisons of heads on the same text
     for P, ids, loop in tqdm(runs, desc="teacher-forced walk", unit="seq"):
-        per_i = method.greedy_drafts(ids)
-        in_vocab = method.head.t2d[torch.tensor(ids[2:] + [0, 0])].tolist()  # [i]: token i+2 in the draft vocabulary
+        per_i = drafts_of(ids)
+        in_vocab = t2d[torch.tensor(ids[2:] + [0, 0])].tolist()  # [i]: token i+2 in the draft vocabulary
         acc, tested = chain_walk(per_i, ids, P, a.k)
         loop = loop if loop is not None else acc
         tot["loop_steps"] += len(loop)
@@ -131,7 +149,7 @@ def main() -> None:
 
     n, s = tot["n_uniform"], tot["steps"]
     out = {
-        "head": a.head, "k": a.k,
+        "head": a.draft or a.head, "drafter": "draft_model" if a.draft else "eagle3", "k": a.k,
         "source": a.records or f"MT-bench, {a.per_category} per category" + (", target-only text" if a.target_only else ""),
         "sequences": len(runs), "max_new_tokens": None if a.records else a.max_new_tokens,
         "loop_tau": None if a.records or a.target_only else 1 + tot["loop_accepted"] / tot["loop_steps"],

@@ -24,7 +24,8 @@ from specbench.errors import UserError
 from specbench.models.loading import hf_state_dict, load_model
 from specbench.models.shared_draft import FLAG, compact_state_dict
 from specbench.train.data import load_examples, tokenize
-from specbench.train.draft_model import DraftModelMethod
+from specbench.train.draft_model import DraftModelMethod, greedy_chain_drafts
+from specbench.train.evaluate import chain_walk
 from specbench.train.trainer import Trainer, TrainSettings
 
 CPU = torch.device("cpu")
@@ -243,3 +244,27 @@ def test_init_from_continues_a_run_or_an_exported_draft(target, items, tmp_path)
     for kw, msg in bad:
         with pytest.raises(UserError, match=msg):
             _method(target, items, **{"init_from": str(tmp_path / "run"), **kw})
+
+
+@pytest.mark.parametrize("reduced", [False, True])
+def test_teacher_forced_walk_replays_the_loop(target, items, tmp_path, reduced):
+    """A one-layer draft of a two-layer target, full or reduced head: the chain walk over each finished
+    sequence with `greedy_chain_drafts` accepts, step by step, what the decode loop accepted (float32; the
+    last step only up to the end of the text)."""
+    m = _method(target, items, layers=[0])
+    ref = _run(target, None, 0, max_new=24)
+    ids = None
+    if reduced:
+        produced = [t for r in ref for t in r.output_ids]
+        ids = torch.tensor(sorted(set(produced) - {max(set(produced), key=produced.count)}))
+    drafter = DraftModelDrafter(path=_save_compact(m, tmp_path / "d", ids))
+    out = _run(target, drafter, k=3, max_new=24)
+    steps = [a for r in out for a in r.accepted_per_step]
+    if not target.model.config.tie_word_embeddings:  # the tied tiny target repeats one token: all accepted
+        assert 0 in steps and any(a >= 2 for a in steps), steps  # partial acceptance: the walk has work to do
+    for p, r in zip(PROMPTS, out):
+        seq = list(p) + list(r.output_ids)
+        drafts = greedy_chain_drafts(drafter.model, drafter.vocab_ids, seq, 3)
+        acc, _ = chain_walk(drafts, seq, len(p), 3)
+        loop = r.accepted_per_step  # its last step may have accepted past the 24-token limit that cut the text
+        assert acc[:-1] == loop[:-1] and acc[-1] <= loop[-1] and len(acc) == len(loop), (acc, loop)

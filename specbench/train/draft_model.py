@@ -95,6 +95,22 @@ def read_start(path: str, target: Transformer) -> tuple[dict[str, Tensor], Tenso
     return dict(load_model(str(p), torch.float32, cpu).model.state_dict()), None
 
 
+@torch.no_grad()
+def greedy_chain_drafts(model: Transformer, vocab_ids: Tensor | None, ids: list[int], k: int) -> list[list[int]]:
+    """Teacher-forced over one finished sequence: for every pair index i, the depth-1..k greedy drafts (target
+    ids) an autoregressive draft model proposes after the real prefix ids[:i+2] (`evaluate.chain_walk`'s
+    layout). One forward suffices: the depth-j draft only counts when drafts 1..j-1 matched the text, and then
+    the draft's own prefix *is* the text, so it is the teacher-forced prediction at position i+1+j-1.
+    Positions past the end repeat the last prediction (the walk never tests them)."""
+    x = torch.tensor([ids], device=model.device)
+    top = model(x, None).logits[0].float().argmax(-1)  # [T]: the draft's guess for token p+1 after ids[:p+1]
+    if vocab_ids is not None:  # a reduced head scores draft-vocabulary rows
+        top = vocab_ids.to(top.device)[top]
+    top = top.tolist()
+    last = len(top) - 1
+    return [[top[min(i + 1 + j, last)] for j in range(k)] for i in range(len(ids))]
+
+
 class DraftModelMethod:
     name = "draft_model"
 
