@@ -244,6 +244,10 @@ def test_init_from_continues_a_run_or_an_exported_draft(target, items, tmp_path)
     for kw, msg in bad:
         with pytest.raises(UserError, match=msg):
             _method(target, items, **{"init_from": str(tmp_path / "run"), **kw})
+    narrow = tmp_path / "narrow"  # a complete HF draft of another width: same names, other shapes
+    make_hf_model(narrow, hidden=32, heads=2, kv_heads=1, layers=1)
+    with pytest.raises(UserError, match="narrow: does not fit this draft .*size mismatch"):
+        DraftModelMethod(target.model, target.tokenizer, layers=[0], init_from=str(narrow))
 
 
 @pytest.mark.parametrize("reduced", [False, True])

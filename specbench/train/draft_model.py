@@ -144,7 +144,6 @@ class DraftModelMethod:
         start, start_ids = read_start(init_from, target) if init_from else (None, None)
         if start is not None:
             self._check_start(init_from, start, start_ids, draft_vocab_size)
-            draft_vocab_size = None if start_ids is None else len(start_ids)
         if self.target_tables:
             self._share_tables()
             if start_ids is not None:  # a continuation keeps its vocabulary
@@ -157,7 +156,11 @@ class DraftModelMethod:
                                                   tuple(target.config.eos_token_id))
                 self.vocab_ids = self.vocab_ids.to(target.device)
         if start is not None:
-            self.load_state_dict(start if start_ids is None else {**start, "vocab_ids": start_ids})
+            try:
+                self.load_state_dict(start if start_ids is None else {**start, "vocab_ids": start_ids})
+            except RuntimeError as e:  # same names, other shapes (another width)
+                raise UserError(f"train.method.init_from={init_from}: does not fit this draft "
+                                f"({str(e).splitlines()[-1].strip()[:160]})") from None
         self.teacher = None  # a TeacherTopK to train from cached target top-k log-probs instead of on the fly
         self.states = None  # or a TargetStates cache (full-vocabulary KL from the cached final-normed states)
 
