@@ -236,8 +236,12 @@ def test_init_from_continues_a_run_or_an_exported_draft(target, items, tmp_path)
     assert full.vocab_ids is None and full.student.tok_embeddings.weight.requires_grad  # its own tables, trained
     assert torch.equal(full.student.layers[0].attn.wqkv.weight, compact.student.layers[0].attn.wqkv.weight)
 
-    bad = [({"layers": [0, 1]}, "has 1 layers but the draft being trained has 2 .*valid: 1"),
-           ({"draft_vocab_size": 50}, "draft_vocab_size=50 but .* has a 40-token draft vocabulary; valid: null or 40"),
+    (tmp_path / "deep/checkpoint").mkdir(parents=True)  # a 2-layer start for a 1-layer draft
+    save_file(_method(target, items, layers=[0, 1], draft_vocab_size=40).state_dict(),
+              str(tmp_path / "deep/checkpoint/model.safetensors"))
+    with pytest.raises(UserError, match="deep has 2 layers but the draft being trained has 1 .*valid: 2 or more"):
+        _method(target, items, layers=[0], init_from=str(tmp_path / "deep"))
+    bad = [({"draft_vocab_size": 50}, "draft_vocab_size=50 but .* has a 40-token draft vocabulary; valid: null or 40"),
            ({"init_from": str(tmp_path / "model/full")}, "has its own vocabulary tables but .*target_tables=true; "
                                                         "valid: target_tables=false"),
            ({"init_from": str(tmp_path / "nothing")}, "nothing: no checkpoint/model.safetensors or config.json")]
@@ -248,6 +252,29 @@ def test_init_from_continues_a_run_or_an_exported_draft(target, items, tmp_path)
     make_hf_model(narrow, hidden=32, heads=2, kv_heads=1, layers=1)
     with pytest.raises(UserError, match="narrow: does not fit this draft .*size mismatch"):
         DraftModelMethod(target.model, target.tokenizer, layers=[0], init_from=str(narrow))
+
+
+def test_init_from_a_shallower_start_grows_the_draft(target, items, tmp_path):
+    """A 1-layer trained start into a 2-layer draft: layer 0 is the start's, layer 1 the target's layer 1 with
+    its output projections zeroed, so the grown draft's logits equal the start's exactly; training then moves
+    the new layer."""
+    m = _method(target, items, layers=[0], draft_vocab_size=40)
+    Trainer(m, items, TrainSettings(steps=2, batch_size=4, lr=1e-2, warmup=1, eval_every=0, save_every=2,
+                                    log_every=2, bf16=False), tmp_path / "run", progress=False).fit()
+    grown = _method(target, items, layers=[0, 1], init_from=str(tmp_path / "run"))
+    assert grown.student.config.num_layers == 2 and torch.equal(grown.vocab_ids, m.vocab_ids)
+    new, tgt = grown.student.layers[1], target.model.layers[1]
+    assert torch.equal(grown.student.layers[0].attn.wqkv.weight, m.student.layers[0].attn.wqkv.weight)
+    assert torch.equal(new.attn.wqkv.weight, tgt.attn.wqkv.weight.float())  # the target's layer, kept
+    assert torch.equal(new.mlp.w_gate_up.weight, tgt.mlp.w_gate_up.weight.float())
+    assert not new.attn.wo.weight.any() and not new.mlp.w_down.weight.any()
+    assert tgt.attn.wo.weight.any() and tgt.mlp.w_down.weight.any()  # the target's own are not zero
+    x = torch.tensor([[1, 5, 9, 3, 7, 2, 11, 4]], device=target.model.device)
+    with torch.no_grad():
+        assert torch.equal(grown.student(x, None).logits, m.student(x, None).logits)
+    Trainer(grown, items, TrainSettings(steps=2, batch_size=4, lr=1e-2, warmup=1, eval_every=0, save_every=2,
+                                        log_every=2, bf16=False), tmp_path / "grown", progress=False).fit()
+    assert new.attn.wo.weight.abs().sum() > 0 and new.mlp.w_down.weight.abs().sum() > 0
 
 
 @pytest.mark.parametrize("reduced", [False, True])

@@ -95,6 +95,10 @@ def read_start(path: str, target: Transformer) -> tuple[dict[str, Tensor], Tenso
     return dict(load_model(str(p), torch.float32, cpu).model.state_dict()), None
 
 
+def _num_layers(sd: dict[str, Tensor]) -> int:
+    return len({k.split(".")[1] for k in sd if k.startswith("layers.")})
+
+
 @torch.no_grad()
 def greedy_chain_drafts(model: Transformer, vocab_ids: Tensor | None, ids: list[int], k: int) -> list[list[int]]:
     """Teacher-forced over one finished sequence: for every pair index i, the depth-1..k greedy drafts (target
@@ -161,6 +165,7 @@ class DraftModelMethod:
             except RuntimeError as e:  # same names, other shapes (another width)
                 raise UserError(f"train.method.init_from={init_from}: does not fit this draft "
                                 f"({str(e).splitlines()[-1].strip()[:160]})") from None
+            self._grow_from(start)
         self.teacher = None  # a TeacherTopK to train from cached target top-k log-probs instead of on the fly
         self.states = None  # or a TargetStates cache (full-vocabulary KL from the cached final-normed states)
 
@@ -168,11 +173,12 @@ class DraftModelMethod:
                      draft_vocab_size: int | None) -> None:
         """The start must be this draft's shape: same layers, same tables (own or the target's), same vocabulary."""
         own = {k for k in self.student.state_dict() if k not in OWN_TABLES}
-        n_start = len({k.split(".")[1] for k in start if k.startswith("layers.")})
-        if n_start != self.student.config.num_layers:
+        n_start = _num_layers(start)
+        if n_start > self.student.config.num_layers:
             raise UserError(f"train.method.init_from={init_from} has {n_start} layers but the draft being trained "
                             f"has {self.student.config.num_layers} (train.method.layers / num_layers); valid: "
-                            f"{n_start} (the start's weights replace them)")
+                            f"{n_start} or more (the start's weights fill the first layers)")
+        own = {k for k in own if not k.startswith("layers.") or int(k.split(".")[1]) < n_start}
         has_tables = "tok_embeddings.weight" in start
         if has_tables == self.target_tables:
             raise UserError(f"train.method.init_from={init_from} {'has its own' if has_tables else 'has no'} "
@@ -188,6 +194,18 @@ class DraftModelMethod:
         missing = sorted(own - set(start))
         if missing:
             raise UserError(f"train.method.init_from={init_from}: does not fit this target (missing {missing[0]})")
+
+    @torch.no_grad()
+    def _grow_from(self, start: dict[str, Tensor]) -> None:
+        """A start with fewer layers than this draft fills its first layers; each layer after them keeps the
+        weights it was initialised with (a target layer, or random with init=scratch) but with its attention
+        and MLP output projections zeroed, so it adds nothing to the residual stream and the grown draft
+        computes exactly what the start did (LLaMA Pro's block expansion) until training moves them."""
+        for block in self.student.layers[_num_layers(start):]:
+            for lin in (block.attn.wo, block.mlp.w_down):
+                lin.weight.zero_()
+                if lin.bias is not None:
+                    lin.bias.zero_()
 
     @property
     def head_rows(self) -> Tensor:
