@@ -19,5 +19,5 @@ echo WALKS DONE
 python -m specbench -m experiment=mt_bench_methods k=2,4 dtype=bfloat16 \
   method.drafter.path=outputs/draft300,$NEW hydra.sweep.dir=outputs/cmp_draft_depth
 python -m specbench.report outputs/cmp_draft_depth
-# kept: the sweep and the 6-layer run's training log here; the walks in results/acceptance_gap/ as draft6_*,
+# kept: the sweep and the 6-layer run's training log here (train_log_6layers.jsonl); the walks in results/acceptance_gap/ as draft6_*,
 # draft300_heldout19.*, draftmix_heldout19.* (the held-out text answered again this session)
