@@ -171,7 +171,8 @@ class DraftModelMethod:
 
     def _check_start(self, init_from: str, start: dict[str, Tensor], ids: Tensor | None,
                      draft_vocab_size: int | None) -> None:
-        """The start must be this draft's shape: same layers, same tables (own or the target's), same vocabulary."""
+        """The start must fit this draft: at most its layers (fewer grow it), the same tables (own or the
+        target's), the same vocabulary."""
         own = {k for k in self.student.state_dict() if k not in OWN_TABLES}
         n_start = _num_layers(start)
         if n_start > self.student.config.num_layers:
