@@ -20,3 +20,4 @@ echo PIPELINE DONE
 # python -m specbench -m experiment=mt_bench_eagle3 k=3 method.drafter.path=specbench/weights/smollm2-135m-eagle3,outputs/eagle3_mix3/model hydra.sweep.dir=outputs/cmp_mix3
 # python -m specbench.report outputs/cmp_mix3
 # python -m specbench -m experiment=mt_bench_eagle3_tree method.drafter.path=outputs/head4,specbench/weights/smollm2-135m-eagle3 hydra.sweep.dir=outputs/tree_head5
+# python -m specbench -m experiment=mt_bench_eagle3_tree k=6 method.tree.topk=10 method.tree.num_draft_tokens=60 hydra.sweep.dir=outputs/tree60_head5
