@@ -16,8 +16,11 @@ python experiments/acceptance_gap.py --head outputs/eagle3_mix3/model --target-o
 python experiments/acceptance_gap.py --compare outputs/gap/head4_heldout19.json outputs/gap/head5_heldout19.json
 python experiments/acceptance_gap.py --compare experiments/results/acceptance_gap/head4_mt80.json outputs/gap/head5_mt80.json
 echo PIPELINE DONE
-# then the decode loop, both heads in one sweep (head 4 written from git to outputs/head4 after the replacement):
-# python -m specbench -m experiment=mt_bench_eagle3 k=3 method.drafter.path=specbench/weights/smollm2-135m-eagle3,outputs/eagle3_mix3/model hydra.sweep.dir=outputs/cmp_mix3
+# then the decode loop and the trees. Head 4 is the shipped file before this section (git 0d45bec); after the
+# replacement the shipped path is head 5, so head 4 comes from git:
+# mkdir -p outputs/head4 && git show 0d45bec:specbench/weights/smollm2-135m-eagle3/model.safetensors > outputs/head4/model.safetensors \
+#   && cp specbench/weights/smollm2-135m-eagle3/config.json outputs/head4/
+# python -m specbench -m experiment=mt_bench_eagle3 k=3 method.drafter.path=outputs/head4,outputs/eagle3_mix3/model hydra.sweep.dir=outputs/cmp_mix3
 # python -m specbench.report outputs/cmp_mix3
-# python -m specbench -m experiment=mt_bench_eagle3_tree method.drafter.path=outputs/head4,specbench/weights/smollm2-135m-eagle3 hydra.sweep.dir=outputs/tree_head5
+# python -m specbench -m experiment=mt_bench_eagle3_tree method.drafter.path=outputs/head4,outputs/eagle3_mix3/model hydra.sweep.dir=outputs/tree_head5
 # python -m specbench -m experiment=mt_bench_eagle3_tree k=6 method.tree.topk=10 method.tree.num_draft_tokens=60 hydra.sweep.dir=outputs/tree60_head5
