@@ -2,6 +2,7 @@
 # section 21: continue the shipped head (head 5) on 2,048 freshly regenerated ShareGPT first turns it never saw
 # (regen6: the first 2,048 of the turns regen3 left, listed four times so they are ~48 % of the draws) plus the
 # shared corpus and regen5 (seen by head 5, listed once); evaluate against head 5 by paired walks.
+# Head 5 is the shipped file as of git 6d61569; if the shipped head changes, take it from there (git show).
 set -x
 cd /work/main && . .venv/bin/activate
 F=outputs/regen6/regen.jsonl
@@ -18,7 +19,19 @@ python experiments/acceptance_gap.py --head outputs/eagle3_mix4/model --records 
 python experiments/acceptance_gap.py --compare $R/head5_mt80.json outputs/gap/head6_mt80.json
 python experiments/acceptance_gap.py --compare $R/head5_heldout19.json outputs/gap/head6_heldout19.json
 echo PIPELINE DONE
-# the per-category split of the MT-bench walk is in experiments/README.md section 21; then a weight average of heads 5 and 6:
+# the per-category split of the MT-bench walk (section 21's table; the walk takes 10 turns per category in file order)
+python - <<'PY'
+import json, statistics as st
+cats = [json.loads(l)["category"] for l in open("../shared/data/mt_bench/question.jsonl")]
+walk = lambda p: json.load(open(p))["per_sequence_steps_accepted"]   # [steps, accepted] per sequence
+a, b = walk("experiments/results/acceptance_gap/head5_mt80.json"), walk("outputs/gap/head6_mt80.json")
+tau = lambda xs: sum(s + n for s, n in xs) / sum(s for s, _ in xs)
+for c in dict.fromkeys(cats):
+    i = [j for j, x in enumerate(cats) if x == c]
+    d = [tau([b[j]]) - tau([a[j]]) for j in i]
+    print(f"{c}: {tau([a[j] for j in i]):.3f} {tau([b[j] for j in i]):.3f} {st.mean(d):+.3f} ± {st.stdev(d) / len(d) ** 0.5:.3f}")
+PY
+# then a weight average of heads 5 and 6:
 mkdir -p outputs/soup56 && python -c "
 from safetensors.torch import load_file, save_file
 a = load_file('specbench/weights/smollm2-135m-eagle3/model.safetensors'); b = load_file('outputs/eagle3_mix4/model/model.safetensors')
