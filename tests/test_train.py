@@ -106,6 +106,33 @@ def test_wall_budget_stops_checkpointed_and_the_rerun_finishes_the_same_run(tiny
     assert hist[-1]["tokens"] == sum(sum(items[i].loss_mask) for i in drawn) and hist[-1]["wall_s"] > 0
 
 
+def test_length_pool_batches_neighbours_from_the_same_draws(tiny, tmp_path):
+    """16 sequences of lengths 1..16, batch 4: without pooling one epoch is 4 batches of whatever the permutation
+    holds; with length_pool=4 the same 4 steps draw the same 16 sequences and every batch is 4 neighbours by
+    length: {1-4}, {5-8}, {9-12}, {13-16}, padded to 4 + 8 + 12 + 16 = 40 columns of 4 (24 pad slots over
+    136 tokens). grad_accum=2 with length_pool=2 deals the same groups, two per step."""
+    from specbench.train.data import Tokenized
+
+    items = [Tokenized(ids=[3] * n, loss_mask=[1] * n) for n in range(1, 17)]
+    groups = {frozenset(range(i, i + 4)) for i in range(0, 16, 4)}
+    plain = Trainer(_method(tiny), items, _settings(steps=8), tmp_path / "a", progress=False)
+    pooled = Trainer(_method(tiny), items, _settings(steps=8, length_pool=4), tmp_path / "b", progress=False)
+    for epoch in range(2):
+        steps = range(4 * epoch, 4 * epoch + 4)
+        a = [plain.batch(s, 0) for s in steps]
+        b = [pooled.batch(s, 0) for s in steps]
+        assert sorted(i for x in a for i in x[2]) == sorted(i for x in b for i in x[2]) == list(range(16))
+        assert {frozenset(x[2]) for x in b} == groups
+        assert sum(x[0].numel() for x in b) == 4 * 40 and sum(int((x[0] != 0).sum()) for x in b) == 136
+        assert sum(x[0].numel() for x in a) > 4 * 40  # drawn in permutation order they pad more
+    again = Trainer(_method(tiny), items, _settings(steps=8, length_pool=4), tmp_path / "c", progress=False)
+    assert all(again.batch(s, 0)[2] == pooled.batch(s, 0)[2] for s in (6, 1, 5))  # a function of the step
+    accum = Trainer(_method(tiny), items, _settings(steps=4, grad_accum=2, length_pool=2), tmp_path / "d",
+                    progress=False)
+    dealt = [frozenset(accum.batch(s, m)[2]) for s in (0, 1) for m in (0, 1)]
+    assert set(dealt) == groups
+
+
 def test_raising_steps_extends_a_finished_run(tiny, data_file, tmp_path):
     """A finished 4-step run rerun with steps=8 trains steps 4..7 on the batches an 8-step run draws there, at the
     8-step schedule's rates (warm-up 3, cosine from step 3 to 8, floor 0.1: step 4 -> cos(pi/5), counted by hand),

@@ -188,7 +188,8 @@ def train(cfg: DictConfig) -> dict:
         raise UserError(f"method={cfg.method.name!r}; trainable methods: {', '.join(METHODS)}")
     if cfg.data.mode not in ("teacher_forced", "self_distill"):
         raise UserError(f"data.mode={cfg.data.mode!r}; valid: teacher_forced, self_distill")
-    for key, low in (("data.regen_batch_size", 1), ("data.regen_max_new_tokens", 1), ("train.steps", 0)):
+    for key, low in (("data.regen_batch_size", 1), ("data.regen_max_new_tokens", 1), ("train.steps", 0),
+                     ("train.length_pool", 1)):
         v = OmegaConf.select(cfg, key)
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
             note = " (0: prepare the data, train nothing)" if low == 0 else ""

@@ -49,6 +49,7 @@ class TrainSettings:
     log_every: int = 10
     seed: int = 0
     max_wall_s: float = 0.0  # stop once this process has trained this long (checkpointed: rerun to resume); 0 = off
+    length_pool: int = 1  # draw this many steps' sequences at once, sort them by length, batch neighbours (1 = off)
 
 
 @dataclass
@@ -92,6 +93,7 @@ class Trainer:
         self.history: list[dict] = []
         self.autocast = settings.bf16 and autocast_ok
         self.progress, self.on_log, self.pad_id = progress, on_log, pad_id
+        self._perm_key, self._perm = None, torch.empty(0, dtype=torch.long)  # the permutation being drawn from
 
     # ----------------------------------------------------------------------------------------- data
     def phase(self, step: int) -> tuple[int, Phase]:
@@ -99,17 +101,34 @@ class Trainer:
 
     def batch(self, step: int, micro: int) -> tuple[Tensor, Tensor, list[int]]:
         """Micro-batch `micro` of optimizer step `step` (deterministic in (seed, step, micro)):
-        ids [B, T], mask [B, T], and the sequences' indices into items (for cached teacher features)."""
+        ids [B, T], mask [B, T], and the sequences' indices into items (for cached teacher features).
+
+        With `length_pool` = P > 1 the sequences of P consecutive steps (the same ones, in the same epochs, as
+        without it) are sorted by length and cut into micro-batches of neighbours, which are then dealt to those
+        steps in a seeded order: batches pad to lengths that are close, so less compute goes into padding."""
         k, ph = self.phase(step)
-        per_step = self.s.batch_size * self.s.grad_accum
-        start = (step - ph.start) * per_step + micro * self.s.batch_size
-        N = ph.hi - ph.lo
-        idx = []
-        for j in range(start, start + self.s.batch_size):
-            epoch, pos = divmod(j, N)
-            g = torch.Generator().manual_seed(self.s.seed * 100003 + epoch + 7919 * k)
-            idx.append(ph.lo + int(torch.randperm(N, generator=g)[pos]))
+        B, per_step, P = self.s.batch_size, self.s.batch_size * self.s.grad_accum, max(1, self.s.length_pool)
+        pool, r = divmod(step - ph.start, P)
+        first = pool * P * per_step
+        idx = [self._draw(k, ph, j) for j in range(first, first + P * per_step)]
+        if P > 1:
+            idx.sort(key=lambda i: (len(self.items[i].ids), i))
+            g = torch.Generator().manual_seed(self.s.seed * 100003 + 104729 * (k + 1) + pool)
+            chunk = int(torch.randperm(P * self.s.grad_accum, generator=g)[r * self.s.grad_accum + micro])
+        else:
+            chunk = r * self.s.grad_accum + micro
+        idx = idx[chunk * B:(chunk + 1) * B]
         return (*collate([self.items[i] for i in idx], self.pad_id), idx)
+
+    def _draw(self, k: int, ph: Phase, j: int) -> int:
+        """The j-th sequence phase k draws: position j mod N of the permutation seeded by (seed, epoch, k)."""
+        N = ph.hi - ph.lo
+        epoch, pos = divmod(j, N)
+        key = (self.s.seed, epoch, k, ph.lo, ph.hi)
+        if self._perm_key != key:
+            g = torch.Generator().manual_seed(self.s.seed * 100003 + epoch + 7919 * k)
+            self._perm_key, self._perm = key, torch.randperm(N, generator=g)
+        return ph.lo + int(self._perm[pos])
 
     # --------------------------------------------------------------------------------- checkpoints
     @property
