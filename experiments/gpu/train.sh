@@ -10,7 +10,8 @@
 #              section 15: from scratch it raised teacher-forced agreement at unroll steps 1-3 by ~0.02)
 #     stage 2  self-distilled: the target's own greedy responses, from stage 1's weights, max_len 512, batch
 #              BATCH2 (32), STEPS2 (500: ~two passes), lr 5e-4, at most WALL2 s (100)
-#   The budgets bound the training loops; the GGUF conversion, ShareGPT's tokenisation and the evaluations
+#   Both stages batch sequences of similar length (train.length_pool POOL, 8: less padding, experiments
+#   section 22). The budgets bound the training loops; the GGUF conversion, ShareGPT's tokenisation and the evaluations
 #   come on top, inside the call's 600 s. A stage stopped by its budget is checkpointed: `run` again (while the
 #   machine is warm) resumes it; when stage 1 moves on, stage 2 starts again from its new weights.
 #   Results to $OUT (each file under 16 MiB): the head split in two parts, its config.json, both training
@@ -55,7 +56,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi -L
 cd "$REPO"
 LIMIT=${LIMIT:-null}
 COMMON=(method=eagle3 "device=${DEVICE:-cuda}" "model.path=$STAGE/target.gguf" dtype=bfloat16 data.teacher=online
-        "data.limit=$LIMIT" train.log_every=20 train.save_every=100 progress=true)
+        "data.limit=$LIMIT" "train.length_pool=${POOL:-8}" train.log_every=20 train.save_every=100 progress=true)
 SHAREGPT=$STAGE/ShareGPT_V3_unfiltered_cleaned_split.json
 ckpt_step() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['history'][-1]['step'])" \
   "$1/checkpoint/history.json" 2>/dev/null || echo 0; }
