@@ -19,3 +19,12 @@ python experiments/acceptance_gap.py --compare $R/head5_mt80.json outputs/gap/he
 python experiments/acceptance_gap.py --compare $R/head5_heldout19.json outputs/gap/head7_heldout19.json
 python experiments/acceptance_gap.py --compare $R/head6_mt80.json outputs/gap/head7_mt80.json
 echo PIPELINE DONE
+# then (head 7 won) the replacement, the guards and the decode-loop sweeps; head 5 is the shipped file of git 3a391c5:
+# mkdir -p outputs/head5 && git show 3a391c5:specbench/weights/smollm2-135m-eagle3/model.safetensors > outputs/head5/model.safetensors \
+#   && git show 3a391c5:specbench/weights/smollm2-135m-eagle3/config.json > outputs/head5/config.json
+# cp outputs/eagle3_pool/model/* specbench/weights/smollm2-135m-eagle3/ && python tests/test_guard.py --record --method=eagle3
+# python -m specbench -m experiment=mt_bench_eagle3 k=3 method.drafter.path=outputs/head5,specbench/weights/smollm2-135m-eagle3 hydra.sweep.dir=outputs/cmp_pool
+# python -m specbench.report outputs/cmp_pool            # -> results/pool_continuation/loop/
+# python -m specbench -m experiment=mt_bench_eagle3_tree method.drafter.path=outputs/head5,specbench/weights/smollm2-135m-eagle3 hydra.sweep.dir=outputs/tree_head7
+# python -m specbench.report outputs/tree_head7          # -> results/tree_head7/
+# the seven-head table: python experiments/acceptance_gap.py --compare $R/{first,head2,head3,head4,head5,head6,head7}_mt80.json
