@@ -222,7 +222,8 @@ def test_prepare_only_regenerates_and_trains_nothing(tmp_path, tiny_dir, tiny):
     again = load_examples(run / "regen.jsonl")  # the cache is a data file
     assert len(tokenize(again, tiny.tokenizer, 64)) == 11
     for bad, needle in (("data.regen_batch_size=0", "data.regen_batch_size=0; valid: an integer >= 1"),
-                        ("train.steps=-1", "train.steps=-1; valid: an integer >= 0")):
+                        ("train.steps=-1", "train.steps=-1; valid: an integer >= 0"),
+                        ("train.length_pool=0", "train.length_pool=0; valid: an integer >= 1")):
         b = subprocess.run([*args, bad], capture_output=True, text=True, timeout=300)
         assert b.returncode == 2 and needle in b.stderr, b.stderr[-1000:]
 
