@@ -82,6 +82,8 @@ class Trainer:
         if self.phases[0].start != 0 or any(p.hi <= p.lo for p in self.phases) or \
                 any(a.start >= b.start for a, b in zip(self.phases, self.phases[1:])):
             raise ValueError(f"phases {self.phases}: the first starts at 0, starts increase, each has items")
+        if settings.length_pool < 1:
+            raise ValueError(f"length_pool={settings.length_pool}: must be >= 1 (1 = batches as drawn)")
         self.out = Path(out_dir)
         self.params = [p for p in method.parameters() if p.requires_grad]
         self.device = self.params[0].device if self.params else torch.device("cpu")  # batches go where it trains
@@ -107,7 +109,7 @@ class Trainer:
         without it) are sorted by length and cut into micro-batches of neighbours, which are then dealt to those
         steps in a seeded order: batches pad to lengths that are close, so less compute goes into padding."""
         k, ph = self.phase(step)
-        B, per_step, P = self.s.batch_size, self.s.batch_size * self.s.grad_accum, max(1, self.s.length_pool)
+        B, per_step, P = self.s.batch_size, self.s.batch_size * self.s.grad_accum, self.s.length_pool
         pool, r = divmod(step - ph.start, P)
         first = pool * P * per_step
         idx = [self._draw(k, ph, j) for j in range(first, first + P * per_step)]
@@ -124,7 +126,7 @@ class Trainer:
         """The j-th sequence phase k draws: position j mod N of the permutation seeded by (seed, epoch, k)."""
         N = ph.hi - ph.lo
         epoch, pos = divmod(j, N)
-        key = (self.s.seed, epoch, k, ph.lo, ph.hi)
+        key = (epoch, k)
         if self._perm_key != key:
             g = torch.Generator().manual_seed(self.s.seed * 100003 + epoch + 7919 * k)
             self._perm_key, self._perm = key, torch.randperm(N, generator=g)
