@@ -90,6 +90,48 @@ def test_training_time_test_is_the_inference_computation(tiny, items, fc_norm):
             torch.testing.assert_close(h[0, 0], outs[j][0, i], atol=1e-5, rtol=1e-5)
 
 
+def test_unused_indices_are_skipped_exactly(tiny, items):
+    """Counted by hand, ttt_steps 3, every token in the draft vocabulary. Sequence A: 10 tokens, mask at 6-9
+    (positions whose next token is trained); step j (s = j+1) trains index i where i+s is masked and
+    i+s+1 < 10 (that next token exists): j=0 {5,6,7}, j=1 {4,5,6}, j=2 {3,4,5}; an index is needed at step j if trained there or later:
+    {3..7}, {3..6}, {3,4,5}. Sequence B: 7 tokens, mask at 2-6, padded to 10 (padding in the vocabulary):
+    j=0 {1..5}, j=1 {0..4}, j=2 {0..3}; needed {0..5}, {0..4}, {0..3}. The packed unroll computes only those
+    (11, 9, 7 of 20 indices) and gives the full unroll's outputs and gradients there."""
+    m = _method(tiny, items, draft_vocab_size=384)
+    ids = torch.tensor([items[0].ids[:10], items[1].ids[:7] + [0, 0, 0]])
+    mask = torch.zeros(2, 10)
+    mask[0, 6:], mask[1, 2:7] = 1, 1
+    valid, need = m.trained_indices(ids, mask)
+    idx = lambda t: [t[b].nonzero().squeeze(1).tolist() for b in range(2)]  # noqa: E731
+    assert [idx(v) for v in valid] == [[[5, 6, 7], [1, 2, 3, 4, 5]], [[4, 5, 6], [0, 1, 2, 3, 4]],
+                                       [[3, 4, 5], [0, 1, 2, 3]]]
+    assert [idx(v) for v in need] == [[[3, 4, 5, 6, 7], [0, 1, 2, 3, 4, 5]], [[3, 4, 5, 6], [0, 1, 2, 3, 4]],
+                                      [[3, 4, 5], [0, 1, 2, 3]]]
+    aux = torch.cat(tiny.model(ids, None, hidden_layers=AUX).hidden, -1)
+    w = torch.randn(3, 2, 10, m.head.config.hidden_size)
+    grads = []
+    for packed in (False, True):
+        m.head.zero_grad()
+        total = torch.zeros(())
+        if packed:
+            outs = list(m.unroll_rows(ids, aux, need))
+            assert [len(rows) for _, rows, _ in outs] == [11, 9, 7]
+            for j, rows, o in outs:
+                assert rows.tolist() == need[j].reshape(-1).nonzero().squeeze(1).tolist()
+                torch.testing.assert_close(o, full[j].reshape(20, -1)[rows], atol=1e-6, rtol=1e-6)
+                total = total + (o * w[j].reshape(20, -1)[rows]).sum()
+        else:
+            full = {j: o for j, o in m.unroll(ids, aux)}
+            total = sum((o * w[j] * need[j][..., None]).sum() for j, o in full.items())
+            full = {j: o.detach() for j, o in full.items()}
+        total.backward()
+        grads.append({k: p.grad.clone() for k, p in m.head.named_parameters() if p.grad is not None})
+    assert set(grads[0]) == set(grads[1]) and "fc.weight" in grads[0]
+    for k in grads[0]:
+        torch.testing.assert_close(grads[1][k], grads[0][k], atol=1e-5, rtol=1e-4)
+    assert grads[1]["midlayer.mlp.down_proj.weight"].abs().sum() > 0
+
+
 def test_training_lowers_loss_and_raises_acceptance(tiny, items, tmp_path):
     """The loss is soft-label CE, dominated here by the random target's own entropy; the part training can
     remove (KL to the target) must fall, and greedy acceptance with the decode loop must rise."""

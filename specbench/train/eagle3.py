@@ -109,6 +109,12 @@ def inference_copy(head: EagleDraft, target: Transformer) -> EagleDraft:
     return out.to(target.device, target.dtype).eval().requires_grad_(False)
 
 
+def row_of(rows: Tensor, n: int) -> Tensor:
+    """[n]: the position of each flat index in `rows` (1-D, distinct; entries of other indices are unset)."""
+    return torch.empty(n, dtype=torch.long, device=rows.device).index_copy_(
+        0, rows, torch.arange(len(rows), device=rows.device))
+
+
 def ttt_attention(q: Tensor, ks: list[Tensor], vs: list[Tensor]) -> Tensor:
     """q [B, T, Hq, D]; ks / vs: per unroll step [B, T, Hkv, D]. Query i sees step-0 keys <= i and the keys of
     steps 1.. at its own index i. -> [B, T, Hq·D]."""
@@ -194,44 +200,84 @@ class Eagle3Method:
     def unroll(self, ids: Tensor, aux: Tensor):
         """The training-time test: yields (j, o_j [B, T, H]) for j < ttt_steps; o_j at index i is the head's
         output for the depth-(j+1) draft of a proposal whose last real pair is i (see the module docstring)."""
+        B, T = ids.shape
+        for j, _, o in self.unroll_rows(ids, aux):
+            yield j, o.view(B, T, -1)
+
+    def unroll_rows(self, ids: Tensor, aux: Tensor, need: Tensor | None = None):
+        """`unroll` over the indices that matter: yields (j, rows [N_j], o_j [N_j, H]), rows being flat indices
+        b·T + i into the batch. `need` [ttt_steps, B, T] bool (None: every index) marks the indices whose step-j
+        output is used, by step j's loss or a later step's (so need[j+1] implies need[j]). The others (prompt
+        and padding, mostly) are skipped at every step, except that step 0's keys and values cover every index:
+        later indices attend to them. Exact: index i's output at step j depends only on the step-0 keys of
+        indices <= i and on its own chain (ttt_attention)."""
         head, layer = self.head, self.head.midlayer
         attn = layer.self_attn
         B, T = ids.shape
+        n, D = B * T, attn.head_dim
         head.ensure_rope(T + self.ttt_steps + 1)
         dt = head.fc.weight.dtype
-        h = head.project(aux.to(dt))  # [B, T, H]
+        every = torch.arange(n, device=ids.device)
+
+        def full(t: Tensor, rows: Tensor) -> Tensor:  # [N, ...] at rows -> [B, T, ...], zeros elsewhere
+            if rows is not every:
+                t = t.new_zeros(n, *t.shape[1:]).index_copy(0, rows, t)
+            return t.view(B, T, *t.shape[1:])
+
+        h = head.project(aux.to(dt)).reshape(n, -1)  # step 0's hidden input, every index
+        at = every  # h's row of each flat index it holds
         ks, vs = [], []
         for j in range(self.ttt_steps):
             s = 1 + j
-            emb = head.embed(F.pad(ids[:, s:], (0, s))).to(dt)  # token x_{i+1+j} at index i
-            x, residual = layer.attn_input(emb, h)
-            pos = torch.arange(T, device=ids.device) + j
-            cos, sin = head.rotary.at(pos[None])
-            q = apply_rope(attn.q_proj(x).view(B, T, attn.n_heads, attn.head_dim), cos, sin)
-            ks.append(apply_rope(attn.k_proj(x).view(B, T, attn.n_kv, attn.head_dim), cos, sin))
-            vs.append(attn.v_proj(x).view(B, T, attn.n_kv, attn.head_dim))
-            h = layer.finish(residual, attn.o_proj(ttt_attention(q, ks, vs)))
-            yield j, h
+            rows = every if need is None else need[j].reshape(-1).nonzero().squeeze(1)
+            tok = F.pad(ids[:, s:], (0, s)).reshape(n)  # token x_{i+1+j} at index i
+            if j == 0:  # keys and values at every index, the rest at rows
+                x, residual = layer.attn_input(head.embed(tok).to(dt), h)
+                cos, sin = head.rotary.at((every % T)[None])
+                ks.append(apply_rope(attn.k_proj(x).view(B, T, attn.n_kv, D), *(c.view(B, T, 1, D) for c in (cos, sin))))
+                vs.append(attn.v_proj(x).view(B, T, attn.n_kv, D))
+                if rows is not every:
+                    x, residual, cos, sin = x[rows], residual[rows], cos[:, rows], sin[:, rows]
+            else:
+                x, residual = layer.attn_input(head.embed(tok[rows]).to(dt), h if rows is at else h[at[rows]])
+                cos, sin = head.rotary.at((rows % T + j)[None])
+                ks.append(full(apply_rope(attn.k_proj(x).view(1, -1, attn.n_kv, D), cos, sin)[0], rows))
+                vs.append(full(attn.v_proj(x).view(-1, attn.n_kv, D), rows))
+            q = full(apply_rope(attn.q_proj(x).view(1, -1, attn.n_heads, D), cos, sin)[0], rows)
+            out = ttt_attention(q, ks, vs).reshape(n, -1)
+            h = layer.finish(residual, attn.o_proj(out if rows is every else out[rows]))
+            at = rows if rows is every else row_of(rows, n)
+            yield j, rows, h
+
+    @torch.no_grad()
+    def trained_indices(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """-> (valid, need), both [ttt_steps, B, T] bool. valid[j]: the indices step j trains, on the target's
+        next-token distribution at position i+1+j, where that next token is a response token in the draft
+        vocabulary. need[j]: the indices whose step-j output is used, at step j or a later step."""
+        in_vocab = self.head.t2d[ids].float()  # [B, T]
+        valid = torch.stack([F.pad(mask[:, s:], (0, s)) * F.pad(in_vocab[:, s + 1:], (0, s + 1))
+                             for s in range(1, self.ttt_steps + 1)]).bool()
+        return valid, valid.flip(0).cumsum(0).flip(0) > 0
 
     def loss(self, ids: Tensor, mask: Tensor, index: list[int] | None = None) -> tuple[Tensor, dict[str, float]]:
         head = self.head
         aux, normed = self._target_states(ids, index)
         B, T = ids.shape
+        n = B * T
         with torch.no_grad():
-            t_logp = F.log_softmax(normed @ self.target_head.T, dim=-1)  # [B, T, Vd] target over the draft vocab
-            in_vocab = head.t2d[ids].float()  # [B, T]
+            valid, need = self.trained_indices(ids, mask)
+            tpos = mask.reshape(-1).nonzero().squeeze(1)  # the positions any target is read at
+            t_logp = F.log_softmax(normed.reshape(n, -1)[tpos] @ self.target_head.T, dim=-1)  # [P, Vd]
+            t_row = row_of(tpos, n)
         total = torch.zeros((), dtype=torch.float32, device=ids.device)
         stats: dict[str, float] = {}
-        for j, o in self.unroll(ids, aux):
+        for j, rows, o in self.unroll_rows(ids, aux, need):
             s = 1 + j
-            # target: the next-token distribution at position i+1+j, trained where that next token is a response
-            # token in the draft vocabulary
-            valid = F.pad(mask[:, s:], (0, s)) * F.pad(in_vocab[:, s + 1:], (0, s + 1))
-            sel = valid.reshape(-1).nonzero().squeeze(1)
+            sel = valid[j].reshape(-1).nonzero().squeeze(1)
             if not sel.numel():
                 continue
-            lp = F.log_softmax(head.lm_head(head.norm(o.reshape(B * T, -1)[sel])).float(), dim=-1)
-            tgt = F.pad(t_logp[:, s:], (0, 0, 0, s)).reshape(B * T, -1)[sel]
+            lp = F.log_softmax(head.lm_head(head.norm(o[row_of(rows, n)[sel]])).float(), dim=-1)
+            tgt = t_logp[t_row[sel + s]]
             loss_j, ce = soft_label_loss(tgt, lp, self.topk, self.topk_weight)
             total = total + self.step_weight ** j * loss_j
             with torch.no_grad():  # kl = CE - the target's own entropy (what training can remove)
