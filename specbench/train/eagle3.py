@@ -234,7 +234,8 @@ class Eagle3Method:
             if j == 0:  # keys and values at every index, the rest at rows
                 x, residual = layer.attn_input(head.embed(tok).to(dt), h)
                 cos, sin = head.rotary.at((every % T)[None])
-                ks.append(apply_rope(attn.k_proj(x).view(B, T, attn.n_kv, D), *(c.view(B, T, 1, D) for c in (cos, sin))))
+                rope = [c.view(B, T, 1, D) for c in (cos, sin)]
+                ks.append(apply_rope(attn.k_proj(x).view(B, T, attn.n_kv, D), *rope))
                 vs.append(attn.v_proj(x).view(B, T, attn.n_kv, D))
                 if rows is not every:
                     x, residual, cos, sin = x[rows], residual[rows], cos[:, rows], sin[:, rows]
