@@ -273,12 +273,11 @@ class Eagle3Method:
         total = torch.zeros((), dtype=torch.float32, device=ids.device)
         stats: dict[str, float] = {}
         for j, rows, o in self.unroll_rows(ids, aux, need):
-            s = 1 + j
-            sel = valid[j].reshape(-1).nonzero().squeeze(1)
-            if not sel.numel():
+            keep = valid[j].reshape(-1)[rows]  # of the computed indices, those step j trains
+            if not keep.any():
                 continue
-            lp = F.log_softmax(head.lm_head(head.norm(o[row_of(rows, n)[sel]])).float(), dim=-1)
-            tgt = t_logp[t_row[sel + s]]
+            lp = F.log_softmax(head.lm_head(head.norm(o[keep])).float(), dim=-1)
+            tgt = t_logp[t_row[rows[keep] + 1 + j]]
             loss_j, ce = soft_label_loss(tgt, lp, self.topk, self.topk_weight)
             total = total + self.step_weight ** j * loss_j
             with torch.no_grad():  # kl = CE - the target's own entropy (what training can remove)
