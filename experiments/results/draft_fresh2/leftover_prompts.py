@@ -10,6 +10,10 @@ import random
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from regen_prompts import answered, mt_bench_turns  # noqa: E402
+
 D = Path(__file__).resolve().parents[4] / "shared/data"
 TAKE = {"alpaca_5000": 1000, "gpteacher_codegen": 400, "gpteacher_roleplay": 400, "gsm8k_train": 300}
 
@@ -19,13 +23,9 @@ def join(rec: dict) -> str:
 
 
 def main(out: str) -> None:
-    used, answered = set(), set()
-    for f in ("responses.jsonl", "responses_2.jsonl"):
-        for line in open(D / "smollm2_regen" / f):
-            r = json.loads(line)
-            used.add(r["id"])
-            answered.add(r["messages"][0]["content"].strip())
-    mt = {json.loads(l)["turns"][0].strip() for l in open(D / "mt_bench/question.jsonl")}
+    corpus = [str(D / "smollm2_regen" / f) for f in ("responses.jsonl", "responses_2.jsonl")]
+    used = {json.loads(line)["id"] for f in corpus for line in open(f)}
+    skip = answered(corpus) | mt_bench_turns(str(D / "mt_bench/question.jsonl"))
     sources = {
         "alpaca_5000": [join(r) for r in json.load(open(D / "alpaca_5000/alpaca_5000.json"))],
         "gpteacher_codegen": [join(r) for r in json.load(open(D / "gpteacher/codegen-instruct.json"))],
@@ -35,9 +35,12 @@ def main(out: str) -> None:
     rng = random.Random(3)
     picked, seen = [], set()
     for src, prompts in sources.items():
-        left = [(i, p) for i, p in enumerate(prompts) if f"{src}-{i}" not in used and p.strip() not in answered
-                and p.strip() not in mt and p.strip()]
-        left = [(i, p) for i, p in left if not (p.strip() in seen or seen.add(p.strip()))]
+        left = []
+        for i, p in enumerate(prompts):
+            text = p.strip()
+            if text and f"{src}-{i}" not in used and text not in skip and text not in seen:
+                seen.add(text)
+                left.append((i, p))
         rng.shuffle(left)
         print(f"{src}: {len(prompts)} prompts, {len(left)} unanswered, taking {min(TAKE[src], len(left))}")
         picked += [{"id": f"{src}-{i}", "source": src, "messages": [{"role": "user", "content": p}]}
