@@ -3,8 +3,17 @@ gsm8k_train that the shared corpus (smollm2_regen) did not answer, joined as its
 input by a blank line), a fixed number from each source, shuffled with seed 3.
 
     python experiments/results/draft_fresh2/leftover_prompts.py outputs/regen9_prompts.jsonl
+
+Section 27 takes the next prompts of the same shuffled lists (each source's list is shuffled the same way whatever
+it takes, so a later slice never repeats regen9's): `--start` skips the first N of a source, `--take` sets how many
+follow, both as src=N.
+
+    python experiments/results/draft_fresh2/leftover_prompts.py outputs/regen10_prompts.jsonl \
+        --start alpaca_5000=1000 gpteacher_codegen=400 gpteacher_roleplay=400 gsm8k_train=300 \
+        --take alpaca_5000=1500 gpteacher_codegen=1200 gpteacher_roleplay=600 gsm8k_train=700
 """
 
+import argparse
 import json
 import random
 import sys
@@ -22,7 +31,7 @@ def join(rec: dict) -> str:
     return rec["instruction"] + ("\n\n" + rec["input"] if rec.get("input") else "")
 
 
-def main(out: str) -> None:
+def main(out: str, take: dict[str, int], start: dict[str, int]) -> None:
     corpus = [str(D / "smollm2_regen" / f) for f in ("responses.jsonl", "responses_2.jsonl")]
     used = {json.loads(line)["id"] for f in corpus for line in open(f)}
     skip = answered(corpus) | mt_bench_turns(str(D / "mt_bench/question.jsonl"))
@@ -42,9 +51,10 @@ def main(out: str) -> None:
                 seen.add(text)
                 left.append((i, p))
         rng.shuffle(left)
-        print(f"{src}: {len(prompts)} prompts, {len(left)} unanswered, taking {min(TAKE[src], len(left))}")
-        picked += [{"id": f"{src}-{i}", "source": src, "messages": [{"role": "user", "content": p}]}
-                   for i, p in left[: TAKE[src]]]
+        a = start.get(src, 0)
+        chosen = left[a : a + take[src]]
+        print(f"{src}: {len(prompts)} prompts, {len(left)} unanswered, taking {len(chosen)} after the first {a}")
+        picked += [{"id": f"{src}-{i}", "source": src, "messages": [{"role": "user", "content": p}]} for i, p in chosen]
     rng.shuffle(picked)
     with open(out, "w") as f:
         for r in picked:
@@ -52,5 +62,26 @@ def main(out: str) -> None:
     print(f"wrote {len(picked)} to {out}")
 
 
+def counts(items: list[str], flag: str) -> dict[str, int]:
+    out = {}
+    for item in items:
+        src, _, n = item.partition("=")
+        if src not in TAKE or not n.isdigit():
+            sys.exit(f"error: {flag} {item!r}: expected src=N with src one of {', '.join(TAKE)}")
+        out[src] = int(n)
+    return out
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--start", nargs="*", default=[], help="src=N: skip the first N unanswered prompts of src")
+    ap.add_argument("--take", nargs="*", default=[], help="src=N: take N prompts of src (default: regen9's counts)")
+    args = ap.parse_args()
+    try:
+        main(args.out, {**TAKE, **counts(args.take, "--take")}, counts(args.start, "--start"))
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+            sys.exit(2)
+        raise

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# section 27: rebuild the held-out prompt list and answer it again on this machine, then answer regen10: the next
+# 3,500 unanswered prompts of the shared corpus's sources (after regen9's slice of the same shuffled lists)
+set -ex
+cd /work/main && . .venv/bin/activate
+S=../shared/data/smollm2_regen
+python experiments/regen_prompts.py --out outputs/regen3/prompts.jsonl --n 6000 --exclude $S/responses.jsonl $S/responses_2.jsonl
+sed -n 3265,3328p outputs/regen3/prompts.jsonl > outputs/regen3/heldout_prompts.jsonl
+python -m specbench.train method=eagle3 data.mode=self_distill "data.paths=[outputs/regen3/heldout_prompts.jsonl]" \
+    data.eval_prompts=0 train.steps=0 progress=false out_dir=outputs/regen3/heldout_regen hydra.run.dir=outputs/regen3/heldout_regen
+python experiments/results/draft_fresh2/leftover_prompts.py outputs/regen10_prompts.jsonl \
+    --start alpaca_5000=1000 gpteacher_codegen=400 gpteacher_roleplay=400 gsm8k_train=300 \
+    --take alpaca_5000=1300 gpteacher_codegen=1000 gpteacher_roleplay=550 gsm8k_train=650
+python -m specbench.train method=eagle3 data.mode=self_distill "data.paths=[outputs/regen10_prompts.jsonl]" \
+    data.eval_prompts=0 train.steps=0 progress=false out_dir=outputs/regen10 hydra.run.dir=outputs/regen10
+echo REGEN DONE
