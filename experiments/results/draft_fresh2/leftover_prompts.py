@@ -67,7 +67,8 @@ def counts(items: list[str], flag: str) -> dict[str, int]:
     for item in items:
         src, _, n = item.partition("=")
         if src not in TAKE or not n.isdigit():
-            sys.exit(f"error: {flag} {item!r}: expected src=N with src one of {', '.join(TAKE)}")
+            print(f"error: {flag} {item!r}: expected src=N with src one of {', '.join(TAKE)}", file=sys.stderr)
+            sys.exit(2)
         out[src] = int(n)
     return out
 
@@ -78,10 +79,4 @@ if __name__ == "__main__":
     ap.add_argument("--start", nargs="*", default=[], help="src=N: skip the first N unanswered prompts of src")
     ap.add_argument("--take", nargs="*", default=[], help="src=N: take N prompts of src (default: regen9's counts)")
     args = ap.parse_args()
-    try:
-        main(args.out, {**TAKE, **counts(args.take, "--take")}, counts(args.start, "--start"))
-    except SystemExit as e:
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-            sys.exit(2)
-        raise
+    main(args.out, {**TAKE, **counts(args.take, "--take")}, counts(args.start, "--start"))
