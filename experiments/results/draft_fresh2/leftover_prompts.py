@@ -10,7 +10,13 @@ follow, both as src=N.
 
     python experiments/results/draft_fresh2/leftover_prompts.py outputs/regen10_prompts.jsonl \
         --start alpaca_5000=1000 gpteacher_codegen=400 gpteacher_roleplay=400 gsm8k_train=300 \
-        --take alpaca_5000=1500 gpteacher_codegen=1200 gpteacher_roleplay=600 gsm8k_train=700
+        --take alpaca_5000=1300 gpteacher_codegen=1000 gpteacher_roleplay=550 gsm8k_train=650
+
+Section 28 (regen11) starts after regen10's slice; a take past a source's end stops at its end:
+
+    python experiments/results/draft_fresh2/leftover_prompts.py outputs/regen11_prompts.jsonl \
+        --start alpaca_5000=2300 gpteacher_codegen=1400 gpteacher_roleplay=950 gsm8k_train=950 \
+        --take alpaca_5000=1000 gpteacher_codegen=1000 gpteacher_roleplay=500 gsm8k_train=1200
 """
 
 import argparse
