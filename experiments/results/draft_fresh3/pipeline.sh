@@ -2,23 +2,27 @@
 # section 27: the shipped draft (section 26; the bf16 export is the start) continued pooled over the shared corpus
 # and regen10 (3,500 unanswered Alpaca/GPTeacher/GSM8K prompts answered this session by regen.sh), regen10 listed
 # twice; walked on MT-bench and the 64 held-out answers, paired against the shipped draft walked on this machine.
+# Later cycles run the same script with REGEN (the fresh answers), OUT (the run folder), SEED, TAG (the section,
+# naming the held-out and shipped walks), STEPS and WALL set; the defaults are section 27's run.
 set -x
 cd /work/main && . .venv/bin/activate
 H=outputs/regen3/heldout_regen/regen.jsonl   # the 64 held-out answers (regen3 prompts 3,265-3,328), answered again
 G=outputs/gap
 SHIPPED=specbench/weights/smollm2-135m-draft
+REGEN=${REGEN:-regen10} OUT=${OUT:-draft_fresh4} SEED=${SEED:-13} TAG=${TAG:-27} STEPS=${STEPS:-2800}
+W=${OUT//_/}   # the walks' name: draftfresh4
 python -m specbench.train method=draft_model "method.layers=[0,1,2]" method.target_tables=true \
   method.init_from=$SHIPPED \
-  "data.paths=[../shared/data/smollm2_regen/responses.jsonl,../shared/data/smollm2_regen/responses_2.jsonl,outputs/regen10/regen.jsonl,outputs/regen10/regen.jsonl]" \
-  data.max_len=512 train.steps=${STEPS:-2800} train.batch_size=8 train.length_pool=8 train.lr=3e-4 train.warmup=20 \
-  train.eval_every=${STEPS:-2800} train.save_every=25 train.max_wall_s=${WALL:-4400} \
-  train.seed=13 train.log_every=10 method.eval_max_new_tokens=96 progress=false \
-  out_dir=outputs/draft_fresh4 hydra.run.dir=outputs/draft_fresh4 || exit 1
-python experiments/acceptance_gap.py --draft outputs/draft_fresh4/model --k 4 --target-only --per-category 10 --out $G/draftfresh4_mt80
-python experiments/acceptance_gap.py --draft outputs/draft_fresh4/model --k 4 --records $H --limit 64 --out $G/draftfresh4_heldout27
+  "data.paths=[../shared/data/smollm2_regen/responses.jsonl,../shared/data/smollm2_regen/responses_2.jsonl,outputs/$REGEN/regen.jsonl,outputs/$REGEN/regen.jsonl]" \
+  data.max_len=512 train.steps=$STEPS train.batch_size=8 train.length_pool=8 train.lr=3e-4 train.warmup=20 \
+  train.eval_every=$STEPS train.save_every=25 train.max_wall_s=${WALL:-4400} \
+  train.seed=$SEED train.log_every=10 method.eval_max_new_tokens=96 progress=false \
+  out_dir=outputs/$OUT hydra.run.dir=outputs/$OUT || exit 1
+python experiments/acceptance_gap.py --draft outputs/$OUT/model --k 4 --target-only --per-category 10 --out $G/${W}_mt80
+python experiments/acceptance_gap.py --draft outputs/$OUT/model --k 4 --records $H --limit 64 --out $G/${W}_heldout$TAG
 # the shipped draft walked again on this machine's greedy text (see section 26: the text depends on the machine)
-python experiments/acceptance_gap.py --draft $SHIPPED --k 4 --target-only --per-category 10 --out $G/shipped_mt80_27
-python experiments/acceptance_gap.py --draft $SHIPPED --k 4 --records $H --limit 64 --out $G/shipped_heldout27
-python experiments/acceptance_gap.py --compare $G/shipped_mt80_27.json $G/draftfresh4_mt80.json
-python experiments/acceptance_gap.py --compare $G/shipped_heldout27.json $G/draftfresh4_heldout27.json
+python experiments/acceptance_gap.py --draft $SHIPPED --k 4 --target-only --per-category 10 --out $G/shipped_mt80_$TAG
+python experiments/acceptance_gap.py --draft $SHIPPED --k 4 --records $H --limit 64 --out $G/shipped_heldout$TAG
+python experiments/acceptance_gap.py --compare $G/shipped_mt80_$TAG.json $G/${W}_mt80.json
+python experiments/acceptance_gap.py --compare $G/shipped_heldout$TAG.json $G/${W}_heldout$TAG.json
 echo PIPELINE DONE
