@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# section 29: the shipped EAGLE-3 head (head 8, section 23; the bf16 export is the start) continued pooled over the
+# shared corpus and the four self-distilled sets the draft model's sections 25-28 answered (regen8-11, rebuilt by
+# their sections' regen.sh records; regen9 by the first two commands of draft_fresh2/continue.sh: 10,954 answers
+# no head has seen); walked on MT-bench and the 64 held-out answers, paired
+# against the shipped head walked on this machine (the greedy text depends on the machine, section 26).
+set -x
+cd /work/main && . .venv/bin/activate
+H=outputs/regen3/heldout_regen/regen.jsonl   # the 64 held-out answers (regen3 prompts 3,265-3,328), answered again
+G=outputs/gap
+SHIPPED=specbench/weights/smollm2-135m-eagle3
+OUT=${OUT:-eagle3_fresh} SEED=${SEED:-9} TAG=${TAG:-29} STEPS=${STEPS:-2000}
+W=${W:-head9}   # the walks' name
+python -m specbench.train method=eagle3 method.init_from=$SHIPPED \
+  "data.paths=[../shared/data/smollm2_regen/responses.jsonl,../shared/data/smollm2_regen/responses_2.jsonl,outputs/regen8/regen.jsonl,outputs/regen9/regen.jsonl,outputs/regen10/regen.jsonl,outputs/regen11/regen.jsonl]" \
+  data.max_len=512 method.eval_max_new_tokens=96 \
+  train.steps=$STEPS train.batch_size=8 train.length_pool=8 train.lr=2e-4 train.warmup=20 \
+  train.eval_every=$STEPS train.save_every=25 train.max_wall_s=${WALL:-4300} \
+  train.seed=$SEED train.log_every=10 progress=false out_dir=outputs/$OUT hydra.run.dir=outputs/$OUT || exit 1
+python experiments/acceptance_gap.py --head outputs/$OUT/model --target-only --per-category 10 --out $G/${W}_mt80
+python experiments/acceptance_gap.py --head outputs/$OUT/model --records $H --limit 64 --out $G/${W}_heldout$TAG
+python experiments/acceptance_gap.py --head $SHIPPED --target-only --per-category 10 --out $G/head8_mt80_$TAG
+python experiments/acceptance_gap.py --head $SHIPPED --records $H --limit 64 --out $G/head8_heldout$TAG
+python experiments/acceptance_gap.py --compare $G/head8_mt80_$TAG.json $G/${W}_mt80.json
+python experiments/acceptance_gap.py --compare $G/head8_heldout$TAG.json $G/${W}_heldout$TAG.json
+echo PIPELINE DONE
