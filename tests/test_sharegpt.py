@@ -1,11 +1,12 @@
 """ShareGPT loading: a file in the public layout cut off mid-record (as the packaged one is), every complete
 record read and the drops counted by hand; multi-turn tokenization with the loss on assistant turns only; the
-installed package's file (17,671 complete records)."""
+installed package's file (17,671 complete records); experiments/regen_prompts.py's first and later user turns."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,42 @@ def test_packaged_file(tmp_path):
     assert rep.records == 17_671 and rep.cut_off == 1
     assert rep.conversations == len(convs) > 17_000
     assert sum(rep.dropped.values()) == rep.records - rep.conversations
+
+
+def _regen_prompts():
+    path = Path(__file__).resolve().parents[1] / "experiments" / "regen_prompts.py"
+    spec = importlib.util.spec_from_file_location("regen_prompts", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_regen_prompts_first_and_later_turns(tmp_path, capsys):
+    more = {"id": "i", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hey"},
+                                         {"from": "human", "value": "How are you?"}, {"from": "gpt", "value": "ok"},
+                                         {"from": "human", "value": "x" * 50}, {"from": "gpt", "value": "long"}]}
+    sg = _write(tmp_path / "sg.json", RECORDS + [more], cut=False)
+    run = _regen_prompts().main
+    common = ["--sharegpt", str(sg), "--mt-bench", str(tmp_path / "none.jsonl"), "--min-chars", "3",
+              "--max-chars", "20"]
+
+    def written(name):
+        return [(json.loads(line)["messages"], json.loads(line)["source"]) for line in (tmp_path / name).open()]
+
+    # first turns, by hand: a "Hi", b "Q", d "X?", i "Hi" under 3 characters; f "2+2?" kept
+    assert run(["--out", str(tmp_path / "first.jsonl"), *common]) == 0
+    assert written("first.jsonl") == [([{"role": "user", "content": "2+2?"}], "sg.json[5] (f)")]
+    assert "1 usable first user turns of 5 (4 too short, 0 too long" in capsys.readouterr().out
+    # later turns, by hand: a "How are you?" kept; i "How are you?" a duplicate, i "x" * 50 too long
+    assert run(["--out", str(tmp_path / "later.jsonl"), "--turns", "later", *common]) == 0
+    assert written("later.jsonl") == [([{"role": "user", "content": "How are you?"}], "sg.json[0] (a)")]
+    out = capsys.readouterr().out
+    assert "1 usable later user turns of 3 (0 too short, 1 too long, 0 non-ASCII, 1 duplicate" in out
+    # a turn answered already (a chat record) is dropped wherever it appears
+    (tmp_path / "done.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "How are you?"}],
+                                                     "response": "Fine."}) + "\n")
+    assert run(["--out", str(tmp_path / "later2.jsonl"), "--turns", "later", "--exclude",
+                str(tmp_path / "done.jsonl"), *common]) == 0
+    assert written("later2.jsonl") == [] and "2 answered or MT-bench" in capsys.readouterr().out
+    assert run(["--out", str(tmp_path / "x.jsonl"), "--min-chars", "30", "--max-chars", "20"]) == 2
+    assert "--min-chars=30 --max-chars=20" in capsys.readouterr().err
