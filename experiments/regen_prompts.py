@@ -67,10 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     skip = answered(a.exclude) | mt_bench_turns(a.mt_bench)
     why = {"too short": 0, "too long": 0, "non-ASCII": 0, "duplicate": 0, "answered or MT-bench": 0}
     keep: dict[str, str] = {}
-    turns = [(where, text.strip()) for where, msgs in convs
-             for text in user_turns(msgs)[slice(0, 1) if a.turns == "first" else slice(1, None)]]
+    pick = slice(0, 1) if a.turns == "first" else slice(1, None)
+    turns = [(where, text.strip()) for where, msgs in convs for text in user_turns(msgs)[pick]]
     for where, text in turns:
-        if len(text) < a.min_chars or not text:
+        if len(text) < a.min_chars:
             why["too short"] += 1
         elif len(text) > a.max_chars:
             why["too long"] += 1
