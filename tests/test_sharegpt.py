@@ -155,5 +155,13 @@ def test_regen_prompts_first_and_later_turns(tmp_path, capsys):
     assert run(["--out", str(tmp_path / "later2.jsonl"), "--turns", "later", "--exclude",
                 str(tmp_path / "done.jsonl"), *common]) == 0
     assert written("later2.jsonl") == [] and "2 answered or MT-bench" in capsys.readouterr().out
+    # held out "How old?", opening 4: both "How are you?" turns open with "How " and are dropped; "2+2?" is kept
+    (tmp_path / "held.jsonl").write_text(json.dumps({"messages": [{"role": "user", "content": "How old?"}]}) + "\n")
+    assert run(["--out", str(tmp_path / "later3.jsonl"), "--turns", "later", "--held-out",
+                str(tmp_path / "held.jsonl"), "--opening-chars", "4", *common]) == 0
+    assert written("later3.jsonl") == [] and "2 held-out opening dropped" in capsys.readouterr().out
+    assert run(["--out", str(tmp_path / "first3.jsonl"), "--held-out", str(tmp_path / "held.jsonl"),
+                "--opening-chars", "4", *common]) == 0
+    assert [m for m, _ in written("first3.jsonl")] == [[{"role": "user", "content": "2+2?"}]]
     assert run(["--out", str(tmp_path / "x.jsonl"), "--min-chars", "30", "--max-chars", "20"]) == 2
     assert "--min-chars=30 --max-chars=20" in capsys.readouterr().err
