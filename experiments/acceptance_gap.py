@@ -60,9 +60,13 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write <out>.json and <out>.md")
     ap.add_argument("--compare", nargs="+", default=None, metavar="JSON",
                     help="paired comparison of earlier --out files over the same text (the first is the reference)")
+    ap.add_argument("--drop", default="", metavar="I,J,...",
+                    help="with --compare: leave these sequences out (0-based indices of the walked records)")
     a = ap.parse_args()
+    if a.drop and not a.compare:
+        ap.error(f"--drop={a.drop} needs --compare")
     if a.compare:
-        compare(a.compare)
+        compare(a.compare, a.drop)
         return
 
     from specbench.core.sampling import SamplingParams
@@ -189,14 +193,22 @@ def main() -> None:
         p.with_suffix(".md").write_text("\n".join(md) + "\n")
 
 
-def compare(paths: list[str]) -> None:
-    """Print the paired table of `--compare` (exit 2 naming the file when one is not over the same text)."""
+def compare(paths: list[str], drop: str = "") -> None:
+    """Print the paired table of `--compare` (exit 2 naming the file when one is not over the same text), without
+    the sequences `drop` lists (comma-separated 0-based indices)."""
     import sys
 
     from specbench.train.evaluate import paired_walks
 
     if len(paths) < 2:
         print(f"error: --compare needs a reference and at least one more file, got {len(paths)}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        dropped = {int(i) for i in drop.split(",") if i.strip()}
+        if any(i < 0 for i in dropped):
+            raise ValueError
+    except ValueError:
+        print(f"error: --drop={drop}: expected comma-separated sequence indices >= 0", file=sys.stderr)
         sys.exit(2)
     runs = []
     for p in paths:
@@ -207,7 +219,16 @@ def compare(paths: list[str]) -> None:
             print(f"error: --compare {p}: not an acceptance_gap.py --out JSON with per-sequence counts ({e!r})",
                   file=sys.stderr)
             sys.exit(2)
+        if dropped and max(dropped) >= len(r["per_sequence_steps_accepted"]):
+            print(f"error: --drop={drop}: {p} walks {len(r['per_sequence_steps_accepted'])} sequences "
+                  f"(valid indices 0-{len(r['per_sequence_steps_accepted']) - 1})", file=sys.stderr)
+            sys.exit(2)
+        r["per_sequence_steps_accepted"] = [
+            x for i, x in enumerate(r["per_sequence_steps_accepted"]) if i not in dropped]
         runs.append(r)
+    if dropped:
+        print(f"without sequences {', '.join(map(str, sorted(dropped)))} (paired columns; walk τ and first "
+              "position are the files' own, over every sequence)")
     cells = ["reference | —"]
     for p, r in zip(paths[1:], runs[1:]):
         try:
