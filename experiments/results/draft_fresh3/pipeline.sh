@@ -4,7 +4,7 @@
 # twice; walked on MT-bench and the 64 held-out answers, paired against the shipped draft walked on this machine.
 # Later cycles run the same script with REGEN (the fresh answers: one set or several, space-separated, each listed
 # twice), INIT (the start; the shipped draft unless set), OUT (the run folder), SEED, TAG (the section, naming the
-# held-out and shipped walks), STEPS and WALL set; the defaults are section 27's run.
+# held-out and shipped walks), STEPS, WALL and DROP set; the defaults are section 27's run.
 set -x
 cd /work/main && . .venv/bin/activate
 H=outputs/regen3/heldout_regen/regen.jsonl   # the 64 held-out answers (regen3 prompts 3,265-3,328), answered again
@@ -32,4 +32,6 @@ python experiments/acceptance_gap.py --draft $SHIPPED --k 4 --target-only --per-
 python experiments/acceptance_gap.py --draft $SHIPPED --k 4 --records $H --limit 64 --out $G/shipped_heldout$TAG
 python experiments/acceptance_gap.py --compare $G/shipped_mt80_$TAG.json $G/${W}_mt80.json
 python experiments/acceptance_gap.py --compare $G/shipped_heldout$TAG.json $G/${W}_heldout$TAG.json
+# DROP: held-out sequences whose prompts open like a fresh prompt (a shared ShareGPT template), left out
+test -z "$DROP" || python experiments/acceptance_gap.py --compare $G/shipped_heldout$TAG.json $G/${W}_heldout$TAG.json --drop $DROP
 echo PIPELINE DONE
