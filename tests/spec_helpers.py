@@ -1,6 +1,10 @@
-"""Drafters used only by tests: a dynamic-tree drafter over a fixed random transition table."""
+"""Helpers used only by tests: a dynamic-tree drafter over a fixed random transition table, an oracle tree
+drafter, and a loader for the scripts in experiments/."""
 
 from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
 
 import torch
 
@@ -121,3 +125,12 @@ class OracleTreeDrafter:
         self.history.commit(verdict)
         acc = verdict.num_accepted.tolist()
         self.plans.append([(p, acc[b]) for b, p in enumerate(self.planned) if p is not None])
+
+
+def experiment_script(name: str):
+    """experiments/<name>.py loaded as a module (the scripts are not a package)."""
+    path = Path(__file__).resolve().parents[1] / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

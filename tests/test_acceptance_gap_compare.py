@@ -1,18 +1,9 @@
 """experiments/acceptance_gap.py --compare: the paired table over the same text, and --drop (sequences left out)."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-
-def _gap():
-    path = Path(__file__).resolve().parents[1] / "experiments" / "acceptance_gap.py"
-    spec = importlib.util.spec_from_file_location("acceptance_gap", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from spec_helpers import experiment_script
 
 
 def _walk(path, per_seq):
@@ -25,7 +16,7 @@ def test_compare_and_drop(tmp_path, capsys):
     # (steps, accepted) over the same 20 / 20 / 16 tokens; per-sequence τ - 1 = accepted / steps
     ref = _walk(tmp_path / "a.json", [[10, 10], [20, 0], [8, 8]])  # 1.0, 0.0, 1.0
     new = _walk(tmp_path / "b.json", [[8, 12], [15, 5], [4, 12]])  # 1.5, 0.333, 3.0
-    gap = _gap()
+    gap = experiment_script("acceptance_gap")
     gap.compare([ref, new])  # differences +0.5, +0.333, +2.0: mean 0.9444
     assert "+0.9444" in capsys.readouterr().out
     gap.compare([ref, new], "2")  # +0.5 and +0.333: mean 0.4167, sd 0.1179, se 0.0833

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
 from specbench.errors import UserError
 from specbench.train import sharegpt
 from specbench.train.data import Example, conversation_ids, load_examples, tokenize
+from spec_helpers import experiment_script
 
 RECORDS = [
     {"id": "a", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"},
@@ -120,20 +120,12 @@ def test_packaged_file(tmp_path):
     assert sum(rep.dropped.values()) == rep.records - rep.conversations
 
 
-def _regen_prompts():
-    path = Path(__file__).resolve().parents[1] / "experiments" / "regen_prompts.py"
-    spec = importlib.util.spec_from_file_location("regen_prompts", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_regen_prompts_first_and_later_turns(tmp_path, capsys):
     more = {"id": "i", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hey"},
                                          {"from": "human", "value": "How are you?"}, {"from": "gpt", "value": "ok"},
                                          {"from": "human", "value": "x" * 50}, {"from": "gpt", "value": "long"}]}
     sg = _write(tmp_path / "sg.json", RECORDS + [more], cut=False)
-    run = _regen_prompts().main
+    run = experiment_script("regen_prompts").main
     common = ["--sharegpt", str(sg), "--mt-bench", str(tmp_path / "none.jsonl"), "--min-chars", "3",
               "--max-chars", "20"]
 
