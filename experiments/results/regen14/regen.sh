@@ -21,7 +21,8 @@ for P in $PRIOR $NAME; do
         regen13|regen14|regen15) HELD="" ;;
         *) HELD="--held-out outputs/regen3/heldout_prompts.jsonl" ;;
     esac
-    python experiments/regen_prompts.py --turns later --min-chars 20 --out outputs/${P}_prompts.jsonl --n $N $HELD \
+    n=3500; [ "$P" = "$NAME" ] && n=$N   # every earlier set was drawn at 3,500
+    python experiments/regen_prompts.py --turns later --min-chars 20 --out outputs/${P}_prompts.jsonl --n $n $HELD \
         --exclude $S/responses.jsonl $S/responses_2.jsonl outputs/regen3/prompts.jsonl outputs/regen6/prompts_all.jsonl \
         $LISTS
     LISTS="$LISTS outputs/${P}_prompts.jsonl"
