@@ -9,8 +9,8 @@ conversation before it) of `--min-chars` to `--max-chars` characters with under 
 duplicates, prompts already answered in the `--exclude` files (chat records, as in ../shared/data/smollm2_regen)
 and MT-bench's first turns (`--mt-bench`), and with `--held-out` every prompt that opens with the same
 `--opening-chars` characters as a held-out prompt (ShareGPT repeats templates across conversations: a fresh prompt
-that shares a held-out one's template would leak it into training), shuffles with `--seed` and writes the first `--n` as prompt-only chat
-records — `{"id", "source", "messages": [{"role": "user", "content"}]}` — which
+that shares a held-out one's template would leak it into training), shuffles with `--seed` and writes the first
+`--n` as prompt-only chat records — `{"id", "source", "messages": [{"role": "user", "content"}]}` — which
 `python -m specbench.train data.mode=self_distill data.paths=[<out>] train.steps=0` regenerates into
 `<out_dir>/regen.jsonl`. The output is training data: write it outside the repository's tracked files
 (`outputs/` is ignored).
@@ -59,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", choices=["first", "later"], default="first",
                     help="first: each conversation's first user turn; later: every user turn after the first")
     ap.add_argument("--held-out", nargs="*", default=[],
-                    help="prompt files held out for evaluation: their prompts and every prompt opening like one are dropped")
+                    help="prompt files held out for evaluation: their prompts and every prompt opening like one "
+                    "are dropped")
     ap.add_argument("--opening-chars", type=int, default=60,
                     help="with --held-out: the opening (characters) a prompt may not share with a held-out prompt")
     ap.add_argument("--seed", type=int, default=2)
