@@ -4,7 +4,7 @@
 # twice; walked on MT-bench and the 64 held-out answers, paired against the shipped draft walked on this machine.
 # Later cycles run the same script with REGEN (the fresh answers: one set or several, space-separated, each listed
 # twice), INIT (the start; the shipped draft unless set), OUT (the run folder), SEED, TAG (the section, naming the
-# held-out and shipped walks), STEPS, WALL and DROP set; the defaults are section 27's run.
+# held-out and shipped walks), STEPS, WALL, LR and DROP set; the defaults are section 27's run.
 set -x
 cd /work/main && . .venv/bin/activate
 H=outputs/regen3/heldout_regen/regen.jsonl   # the 64 held-out answers (regen3 prompts 3,265-3,328), answered again
@@ -21,7 +21,7 @@ done
 python -m specbench.train method=draft_model "method.layers=[0,1,2]" method.target_tables=true \
   method.init_from=$INIT \
   "data.paths=[../shared/data/smollm2_regen/responses.jsonl,../shared/data/smollm2_regen/responses_2.jsonl$FRESH]" \
-  data.max_len=512 train.steps=$STEPS train.batch_size=8 train.length_pool=8 train.lr=3e-4 train.warmup=20 \
+  data.max_len=512 train.steps=$STEPS train.batch_size=8 train.length_pool=8 train.lr=${LR:-3e-4} train.warmup=20 \
   train.eval_every=$STEPS train.save_every=25 train.max_wall_s=${WALL:-4400} \
   train.seed=$SEED train.log_every=10 method.eval_max_new_tokens=96 progress=false \
   out_dir=outputs/$OUT hydra.run.dir=outputs/$OUT || exit 1
