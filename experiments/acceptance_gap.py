@@ -229,16 +229,18 @@ def compare(paths: list[str], drop: str = "") -> None:
     if dropped:
         print(f"without sequences {', '.join(map(str, sorted(dropped)))} (paired columns; walk τ and first "
               "position are the files' own, over every sequence)")
-    cells = ["reference | —"]
+    cells = ["reference | — | —"]
     for p, r in zip(paths[1:], runs[1:]):
         try:
             d = paired_walks(runs[0]["per_sequence_steps_accepted"], r["per_sequence_steps_accepted"])
         except ValueError as e:
             print(f"error: --compare {p} against {paths[0]}: {e}", file=sys.stderr)
             sys.exit(2)
-        cells.append(f"{d['mean_diff']:+.4f} ± {d['se']:.4f} | {d['better']} / {d['worse']} of {d['n']}")
-    print("| head | walk τ | first position | paired τ diff vs the first (± SE) | sequences better / worse |")
-    print("|---|---:|---:|---:|---:|")
+        cells.append(f"{d['mean_diff']:+.4f} ± {d['se']:.4f} | {d['better']} / {d['worse']} of {d['n']} | "
+                     f"{d['walk_diff']:+.4f} ± {d['walk_se']:.4f}")
+    print("| head | walk τ | first position | paired τ diff vs the first (± SE) | sequences better / worse "
+          "| walk τ diff, token-weighted (± SE) |")
+    print("|---|---:|---:|---:|---:|---:|")
     for p, r, cell in zip(paths, runs, cells):
         print(f"| `{p}` | {r['walk_tau']:.4f} | {r['walk_per_position'][0]:.4f} | {cell} |")
 

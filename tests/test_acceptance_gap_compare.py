@@ -20,8 +20,10 @@ def test_compare_and_drop(tmp_path, capsys):
     gap.compare([ref, new])  # differences +0.5, +0.333, +2.0: mean 0.9444
     assert "+0.9444" in capsys.readouterr().out
     gap.compare([ref, new], "2")  # +0.5 and +0.333: mean 0.4167, sd 0.1179, se 0.0833
+    # token-weighted: 17 / 23 - 10 / 30 = +0.4058; z = 2 (12 - 8 * 17/23) / 23 - 2 (10 - 10/3) / 30 = +0.084857 and
+    # its negative for the other sequence: SE sqrt(2 * 0.0072007 / 2) = 0.0849
     out = capsys.readouterr().out
-    assert "without sequences 2" in out and "+0.4167 ± 0.0833 | 2 / 0 of 2" in out
+    assert "without sequences 2" in out and "+0.4167 ± 0.0833 | 2 / 0 of 2 | +0.4058 ± 0.0849 |" in out
     for bad in ("3", "x", "-1"):
         with pytest.raises(SystemExit) as e:
             gap.compare([ref, new], bad)

@@ -182,11 +182,16 @@ def test_chain_walk_counted_by_hand():
 def test_paired_walks_counted_by_hand():
     """Three sequences walked by two heads. Seq 1: 10 steps, 5 accepted (τ 1.5) vs 8 steps, 7 accepted (τ 1.875),
     both 15 tokens: +0.375. Seq 2: 4 + 4 vs 5 + 3 (8 tokens): 1 - 0.6 -> -0.4. Seq 3: identical: 0. Mean
-    -0.025/3; deviations 0.38333, -0.39167, 0.00833; squares sum 0.30042; /2/3 -> SE 0.22376."""
+    -0.025/3; deviations 0.38333, -0.39167, 0.00833; squares sum 0.30042; /2/3 -> SE 0.22376. Token-weighted: ref
+    9 accepted / 20 steps = 0.45, other 10 / 19 = 0.526316: +0.076316. z_i = 3 (xb - 0.526316 sb) / 19 - 3 (xa -
+    0.45 sa) / 20: seq 1 3 (2.789474) / 19 - 3 (0.5) / 20 = 0.440443 - 0.075 = 0.365443; seq 2 0.058172 - 0.33 =
+    -0.271828; seq 3 -0.498615 + 0.405 = -0.093615; squares 0.133549 + 0.073890 + 0.008764 = 0.216203, /3/2 ->
+    SE 0.189826."""
     d = paired_walks([[10, 5], [4, 4], [6, 0]], [[8, 7], [5, 3], [6, 0]])
     assert d["n"] == 3 and d["better"] == 1 and d["worse"] == 1
     assert d["mean_diff"] == pytest.approx(-0.025 / 3)
     assert d["se"] == pytest.approx(0.22376, abs=1e-5)
+    assert d["walk_diff"] == pytest.approx(0.076316, abs=1e-6) and d["walk_se"] == pytest.approx(0.189826, abs=2e-6)
     with pytest.raises(ValueError, match="different text"):  # 15 tokens against 12
         paired_walks([[10, 5], [4, 4]], [[8, 4], [4, 4]])
     with pytest.raises(ValueError, match="same sequences"):

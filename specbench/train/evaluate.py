@@ -45,7 +45,13 @@ def chain_walk(drafts: list[list[int]], ids: list[int], start: int, k: int) -> t
 def paired_walks(ref: list[list[int]], other: list[list[int]]) -> dict[str, float]:
     """Paired comparison of two heads walked over the same sequences: `ref` / `other` hold (steps, drafts
     accepted) per sequence (acceptance_gap.py's `per_sequence_steps_accepted`). Per sequence τ = 1 +
-    accepted / steps; returns the mean of other − ref, its standard error, and how many sequences improved."""
+    accepted / steps; returns the mean of other − ref, its standard error, and how many sequences improved.
+
+    The per-sequence mean weights a 16-token answer like a 300-token one; `walk_diff` is the difference of the
+    walks' own τ (accepted / steps summed over every sequence, what the loop reports), with its delta-method
+    standard error `walk_se`: for a ratio r = X / S of sums over n sequences, r − r_true ≈ mean of n (x_i − r
+    s_i) / S, so the paired difference's SE is sqrt(sum z_i² / (n (n − 1))) with z_i = n (xb_i − rb sb_i) / Sb
+    − n (xa_i − ra sa_i) / Sa (the z_i sum to zero)."""
     if len(ref) != len(other) or len(ref) < 2:
         raise ValueError(f"paired walks need the same sequences, at least 2: got {len(ref)} and {len(other)}")
     d = []
@@ -56,4 +62,8 @@ def paired_walks(ref: list[list[int]], other: list[list[int]]) -> dict[str, floa
     n = len(d)
     mean = sum(d) / n
     se = (sum((x - mean) ** 2 for x in d) / (n - 1) / n) ** 0.5
-    return {"mean_diff": mean, "se": se, "better": sum(x > 0 for x in d), "worse": sum(x < 0 for x in d), "n": n}
+    (sa, xa), (sb, xb) = ([sum(c) for c in zip(*w)] for w in (ref, other))
+    ra, rb = xa / sa, xb / sb
+    z = [n * (b[1] - rb * b[0]) / sb - n * (a[1] - ra * a[0]) / sa for a, b in zip(ref, other)]
+    return {"mean_diff": mean, "se": se, "better": sum(x > 0 for x in d), "worse": sum(x < 0 for x in d), "n": n,
+            "walk_diff": rb - ra, "walk_se": (sum(x * x for x in z) / (n * (n - 1))) ** 0.5}
