@@ -26,7 +26,8 @@ drafts come from one teacher-forced forward (`train.draft_model.greedy_chain_dra
 replays the loop), so `--draft A --target-only` and `--draft B --target-only` compare two drafts pairwise.
 
 `--compare A.json B.json ...` reads earlier `--out` files walked over the same text and prints a paired table
-against the first (per-sequence τ difference, its standard error, sequences better / worse):
+against the first (per-sequence τ difference, its standard error, sequences better / worse, and the difference of
+the walks' own τ — a ratio of sums, so long answers weigh more — with its delta-method standard error):
 
     python experiments/acceptance_gap.py --compare experiments/results/acceptance_gap/head2_mt80.json \\
         experiments/results/acceptance_gap/head3_mt80.json
