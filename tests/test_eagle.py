@@ -176,13 +176,16 @@ def test_aux_layer_conventions(capsys):
 
 
 # ----------------------------------------------------------------------------------------- decoding
-@pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
+STOP = 0.65  # near the median draft probability of both test heads: chains of every length occur
+
+
+@pytest.mark.parametrize("tree, stop", [(None, None), (TREE, None), (None, STOP)], ids=["chain", "tree", "chain_stop"])
 @pytest.mark.parametrize("batch_size", [1, 3])
-def test_greedy_is_token_identical(target, head3, tree, batch_size):
+def test_greedy_is_token_identical(target, head3, tree, stop, batch_size):
     _, ref = _run(target, max_new=16)
     ref_ids = [r.output_ids for r in ref]
     for k in (1, 2, 3, 5):
-        d = EagleDrafter(path=str(head3), tree=tree)
+        d = EagleDrafter(path=str(head3), tree=tree, stop_below=stop)
         _, res = _run(target, d, k=k, batch_size=batch_size)
         assert [r.output_ids for r in res] == ref_ids, k
         assert d.hidden_layers == (2, 3, 4)
@@ -273,6 +276,32 @@ def test_oracle_head_is_always_accepted(per_token, tree):
         assert r.accepted_per_step[:-1] == [k] * (len(r.accepted_per_step) - 1)
 
 
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_oracle_head_dynamic_chain_length(per_token, batch_size):
+    """stop_below on the always-accepted head: each step accepts exactly the length its row drafted, lengths
+    1..k all occur, a row's lengths do not depend on its batch-mates, and the head's state stays exact."""
+    lm, head = per_token
+    _, ref = _run(lm, max_new=25)
+    _, alone = _run(lm, EagleDrafter(path=str(head), version=1, stop_below=STOP), k=4, max_new=25)
+    CheckingEngine.checked = 0  # the head's cache and pending pairs after every step, too
+    _, res = _run(lm, EagleDrafter(path=str(head), version=1, stop_below=STOP), k=4, batch_size=batch_size,
+                  max_new=25, cls=CheckingEngine)
+    assert CheckingEngine.checked > 5
+    assert [r.output_ids for r in res] == [r.output_ids for r in ref]
+    lens = [n for r in res for n in r.draft_lens]
+    assert {lens.count(n) > 0 for n in range(1, 5)} == {True}, lens
+    for r, a in zip(res, alone):
+        assert r.accepted_per_step[:-1] == r.draft_lens[:-1]
+        assert r.draft_lens == a.draft_lens
+
+
+def test_stop_below_needs_a_chain(head3):
+    with pytest.raises(UserError, match=r"stop_below=0.5 applies to chains"):
+        EagleDrafter(path=str(head3), tree=TREE, stop_below=0.5)
+    with pytest.raises(UserError, match=r"stop_below=2: must be in \(0, 1\)"):
+        EagleDrafter(path=str(head3), stop_below=2)
+
+
 class CheckingEngine(Engine):
     """After every step, the head's cached K/V and its pending pairs equal a fresh recompute over the committed
     text: pairs (target states at j, token j+1) for every cached slot j."""
@@ -308,10 +337,11 @@ class CheckingEngine(Engine):
         return out
 
 
-@pytest.mark.parametrize("tree", [None, TREE], ids=["chain", "tree"])
-def test_head_state_equals_fresh_recompute_after_every_step(target, head3, tree):
+@pytest.mark.parametrize("tree, stop", [(None, None), (TREE, None), (None, STOP)], ids=["chain", "tree", "chain_stop"])
+def test_head_state_equals_fresh_recompute_after_every_step(target, head3, tree, stop):
     CheckingEngine.checked = 0
-    _run(target, EagleDrafter(path=str(head3), tree=tree), k=3, batch_size=2, max_new=12, cls=CheckingEngine)
+    _run(target, EagleDrafter(path=str(head3), tree=tree, stop_below=stop), k=3, batch_size=2, max_new=12,
+         cls=CheckingEngine)
     assert CheckingEngine.checked > 10
 
 

@@ -4,7 +4,7 @@ A 4-token vocabulary target, continuations of L = k + 2 = 5 tokens (the bonus to
 depth-3 chain lies inside the window), every one of the 4^5 sequences' exact probability enumerated from the
 target. Pearson chi-square over the sequences (cells expected below 5 pooled), against the chi-square quantile
 at p = 1e-6 (Wilson-Hilferty): a correct rule fails this test with probability below 1e-6 by construction.
-Each drafter that supplies q (draft model, EAGLE-3 chain and tree, MLP speculator chain) and point-mass ones (n-gram, a Medusa static
+Each drafter that supplies q (draft model, with a dynamic length too, EAGLE-3 chain and tree, MLP speculator chain) and point-mass ones (n-gram, a Medusa static
 tree) is tested,
 and for each a broken rule (recovering from p instead of the residual norm(max(p - q, 0))) must be caught.
 """
@@ -109,9 +109,13 @@ def _cases(models):
     target, draft, head, medusa, mlp = models
     return {
         "draft_model_chain": lambda: DraftModelDrafter(model=draft.model),
+        # dynamic draft length: at 0.3 a third of the drafts stop at 1 token, a third run to k = 3
+        "draft_model_stop": lambda: DraftModelDrafter(model=draft.model, stop_below=0.3),
         # a reduced head (the compact shared-table form's d2t): q lives on 3 of 4 tokens
         "draft_model_reduced": lambda: DraftModelDrafter(model=_reduced(draft.model, REDUCED), vocab_ids=REDUCED),
         "eagle3_chain": lambda: EagleDrafter(path=head),
+        # this head is sharp: at 0.9 about a quarter of its chains stop before k = 3
+        "eagle3_chain_stop": lambda: EagleDrafter(path=head, stop_below=0.9),
         "eagle3_tree": lambda: EagleDrafter(path=head, tree={"topk": 2, "num_draft_tokens": 5}),
         "ngram_point_mass": lambda: NgramDrafter(min_n=1, max_n=2),
         "table_tree": lambda: TableTreeDrafter(V, width=2, seed=5, sharpness=1.5),
@@ -136,8 +140,8 @@ def _broken_verify(tree, logits, params, gen, rule="auto", draws=None, **kw):
     return vf._descend(tree, probs, accept, gen, lossless=False, draws=draws)
 
 
-CASES = ["draft_model_chain", "draft_model_reduced", "eagle3_chain", "eagle3_tree", "ngram_point_mass", "table_tree",
-         "medusa_tree", "mlp_speculator_chain", "mlp_speculator_tree"]
+CASES = ["draft_model_chain", "draft_model_stop", "draft_model_reduced", "eagle3_chain", "eagle3_chain_stop",
+         "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree", "mlp_speculator_chain", "mlp_speculator_tree"]
 
 
 @pytest.mark.slow

@@ -49,11 +49,16 @@ def _drafters(tiny, tiny_draft):
         "ngram": lambda: NgramDrafter(min_n=1, max_n=3),
         "draft_model": lambda: DraftModelDrafter(model=tiny_draft.model),
         "draft_model_self": lambda: DraftModelDrafter(model=tiny.model),
+        # dynamic draft length: thresholds near the median draft probability of these random models (~0.013 /
+        # ~0.016 over a 384-token vocabulary), so steps draft 1..k tokens
+        "draft_model_stop": lambda: DraftModelDrafter(model=tiny_draft.model, stop_below=0.013),
+        "draft_model_self_stop": lambda: DraftModelDrafter(model=tiny.model, stop_below=0.016),
         "tree": lambda: TableTreeDrafter(V, width=2),
     }
 
 
-@pytest.mark.parametrize("name", ["ngram", "draft_model", "draft_model_self", "tree"])
+@pytest.mark.parametrize("name", ["ngram", "draft_model", "draft_model_self", "draft_model_stop",
+                                  "draft_model_self_stop", "tree"])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_greedy_is_token_identical(tiny, tiny_draft, name, batch_size):
     _, ref = _run(tiny, max_new=16)
@@ -73,6 +78,33 @@ def test_self_draft_accepts_everything(tiny):
     for r in res:
         assert r.accepted_per_step[:-1] == [4] * (len(r.accepted_per_step) - 1)
         assert len(r.accepted_per_step) == 4  # 1 (prefill) + 4 steps of 5 tokens
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_dynamic_draft_length(tiny, batch_size):
+    """stop_below with the target as its own draft: every drafted token is accepted, so each step accepts exactly
+    the length its row drafted; lengths 1..4 all occur, a row's lengths do not depend on its batch-mates, and the
+    output is token-identical to target-only decoding."""
+    _, ref = _run(tiny, max_new=21)
+    _, alone = _run(tiny, DraftModelDrafter(model=tiny.model, stop_below=0.016), k=4, max_new=21)
+    _, res = _run(tiny, DraftModelDrafter(model=tiny.model, stop_below=0.016), k=4, batch_size=batch_size,
+                  max_new=21)
+    assert [r.output_ids for r in res] == [r.output_ids for r in ref]
+    lens = [n for r in res for n in r.draft_lens]
+    assert {lens.count(n) > 0 for n in range(1, 5)} == {True}, lens
+    for r, a in zip(res, alone):
+        assert r.accepted_per_step[:-1] == r.draft_lens[:-1]  # the last step may stop at the length budget
+        assert r.draft_lens == a.draft_lens  # batch-invariant
+    _, fixed = _run(tiny, DraftModelDrafter(model=tiny.model), k=4, max_new=21)
+    assert sum(len(r.draft_lens) for r in fixed) < len(lens)  # shorter drafts: more steps for the same text
+
+
+def test_stop_below_is_validated():
+    from specbench.errors import UserError
+
+    for bad in (0, 1, 1.5, -0.1, "high"):
+        with pytest.raises(UserError, match=r"method.drafter.stop_below=.*must be in \(0, 1\)"):
+            DraftModelDrafter(model=object(), stop_below=bad)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])
@@ -136,7 +168,7 @@ class CheckingEngine(Engine):
         return out
 
 
-@pytest.mark.parametrize("name", ["draft_model", "tree"])
+@pytest.mark.parametrize("name", ["draft_model", "draft_model_self_stop", "tree"])
 def test_caches_equal_fresh_prefill_after_every_step(tiny, tiny_draft, name):
     CheckingEngine.checked = 0
     drafter = _drafters(tiny, tiny_draft)[name]()

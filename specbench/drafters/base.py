@@ -8,7 +8,17 @@ import torch
 
 from specbench.core.sampling import SamplingParams
 from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
+from specbench.errors import UserError
 from specbench.models.transformer import TargetOutput
+
+
+def check_stop_below(value) -> float | None:
+    """`method.drafter.stop_below` (dynamic draft length): None, or a probability in (0, 1)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+        raise UserError(f"method.drafter.stop_below={value!r}: must be in (0, 1), or null to always draft k tokens")
+    return float(value)
 
 
 @runtime_checkable

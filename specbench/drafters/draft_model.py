@@ -4,6 +4,12 @@ Cache invariant (per row): draft cached tokens + pending tokens = target cached 
 Pending is the root alone, or — after a step that accepted all k drafts — the k-th draft (never fed to
 the draft model) and the root. The first draft forward always takes two slots ([pending..., pad]) so the
 loop never needs to know on the host which rows have two pending tokens.
+
+Dynamic draft length (`stop_below`), as Hugging Face's `assistant_confidence_threshold`: a row's draft ends at
+its first token whose draft probability is below the threshold (that token kept: verifying it costs next to
+nothing), and the step's drafting ends once every running row's has. A row's length depends on its own draft
+tokens only (not on its batch-mates, not on the target), so verification stays lossless; the draft forwards
+saved are the ones likely to be rejected.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from torch import Tensor
 
 from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
 from specbench.core.sampling import SamplingParams, sample_from, target_probs
+from specbench.drafters.base import check_stop_below
 from specbench.errors import UserError
 from specbench.models.loading import load_model, resolve_folder
 from specbench.models.shared_draft import is_compact, load_compact
@@ -27,18 +34,21 @@ class DraftModelDrafter:
     shardable = True  # parallel.draft_tp = tp shards the draft model like the target (see `transform`)
 
     def __init__(self, path: str | None = None, max_draft_len: int = 16, temperature: float | None = None,
-                 cache_dir: str | None = None, model=None, vocab_ids: Tensor | None = None) -> None:
+                 cache_dir: str | None = None, model=None, vocab_ids: Tensor | None = None,
+                 stop_below: float | None = None) -> None:
         """path: HF folder / .safetensors / .gguf of the draft model (null = the one shipped for the embedded
         SmolLM2 target, when present); a folder in the compact form (`models/shared_draft.py`) gets the
         target's embedding and lm_head at setup. temperature: the draft's sampling temperature (null = the
         run's); `model` passes an already built Transformer (tests, training), `vocab_ids` the target ids of its
-        reduced head's rows (None = a full-vocabulary head)."""
+        reduced head's rows (None = a full-vocabulary head). stop_below: a row's draft ends at its first token
+        with draft probability < stop_below (null = always k; see the module docstring)."""
         if path is None and model is None:
             if not (SHIPPED / "config.json").is_file():
                 raise UserError("method=draft_model needs method.drafter.path=<HF folder, .safetensors or .gguf>")
             path = str(SHIPPED)  # the draft model shipped for the embedded SmolLM2 target
         self.path, self.max_draft_len, self.temperature = path, max_draft_len, temperature
         self.cache_dir, self.model, self.vocab_ids = cache_dir, model, vocab_ids
+        self.stop_below = check_stop_below(stop_below)
         self.transform = None  # set by the run under parallel.draft_tp > 1: applied once to the loaded model
 
     # ------------------------------------------------------------------------------------------ setup
@@ -86,19 +96,22 @@ class DraftModelDrafter:
         self.pending[lo:hi, 0] = admitted.state.last[lo:hi, 0]
         self.num_pending[lo:hi] = 1
 
-    def _pick(self, logits: Tensor, gen) -> tuple[Tensor, Tensor | None]:
+    def _pick(self, logits: Tensor, gen) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """logits [B, V] (or [B, Vd] from a reduced head) -> token [B], draft distribution [B, V] (None when
-        greedy). A reduced head's distribution is zero outside its vocabulary."""
+        greedy), the token's draft probability [B] (only under `stop_below`; greedy: the softmax's maximum). A
+        reduced head's distribution is zero outside its vocabulary."""
         ids = self.vocab_ids
         if self.params.greedy:
             x = logits.argmax(-1)
-            return (x if ids is None else ids[x]), None
+            conf = None if self.stop_below is None else torch.softmax(logits.float(), -1).gather(1, x[:, None])[:, 0]
+            return (x if ids is None else ids[x]), None, conf
         q = target_probs(logits, self.params)
         x = sample_from(q, gen)
+        conf = None if self.stop_below is None else q.gather(1, x[:, None])[:, 0]
         if ids is None:
-            return x, q
+            return x, q, conf
         full = q.new_zeros(q.shape[0], self.vocab_size).index_copy_(1, ids, q)
-        return ids[x], full
+        return ids[x], full, conf
 
     def propose(self, state: BatchState) -> DraftTree:
         k = state.k
@@ -110,26 +123,31 @@ class DraftModelDrafter:
         logits = self.model(inp, c, kv_len=kv, logit_index=(self.num_pending - 1)[:, None]).logits[:, 0]
         c.seq_lens += self.num_pending * state.active
         toks, qs = [], []
-        x, q = self._pick(logits, gen)
+        x, q, conf = self._pick(logits, gen)
         toks.append(x)
         qs.append(q)
+        lens, alive = state.active.clone(), state.active > 0  # a row drafts on while its drafts are confident
         for i in range(1, k):
+            if conf is not None:
+                alive &= conf >= self.stop_below
+                if not bool(alive.any()):  # one host sync per draft token, under stop_below only
+                    break
             logits = self.model(x[:, None], c, kv_len=kv + i).logits[:, 0]
             c.seq_lens += state.active
-            x, q = self._pick(logits, gen)
+            x, q, conf = self._pick(logits, gen)
             toks.append(x)
             qs.append(q)
-        tokens = torch.stack(toks, 1)  # [B, k]
-        probs = None if qs[0] is None else torch.stack(qs, 1)  # [B, k, V]
-        lens = state.active * k
+            lens += alive
+        tokens = torch.stack(toks, 1)  # [B, K], K <= k (k without stop_below)
+        probs = None if qs[0] is None else torch.stack(qs, 1)  # [B, K, V]
         return DraftTree.chain(tokens, lens, probs)
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
-        k = state.k
+        K = verdict.tokens.shape[1] - 1  # this step's draft length (k, or fewer under stop_below)
         n_acc = verdict.num_accepted
-        full = n_acc == k  # the k-th draft was never fed to the draft model
+        full = n_acc == K  # the K-th draft was never fed to the draft model
         extra = verdict.tokens.gather(1, n_acc[:, None])[:, 0]  # the new root
-        kth = verdict.tokens[:, max(k - 1, 0)]
+        kth = verdict.tokens[:, max(K - 1, 0)]
         self.pending[:, 0] = torch.where(full, kth, extra)
         self.pending[:, 1] = extra
         self.num_pending = 1 + full.long()

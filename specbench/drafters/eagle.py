@@ -16,6 +16,9 @@ next frontier (one forward for all of them, with a tree mask over the head's scr
 `num_draft_tokens` best candidates of every depth form the tree verified by the target. Priorities fall along
 every path, so the kept set is closed under ancestors. A chain is topk = 1.
 
+Dynamic chain length (`stop_below`, chains only; the draft model's rule): a row's chain ends at its first token
+whose draft probability is below the threshold (kept), and drafting ends once every running row's has.
+
 Sampling (temperature > 0) stays lossless: each node's children are drawn *without replacement* from its draft
 distribution q (Gumbel top-k, in draw order), while priorities use q's sorted values, so which sibling slots
 survive never depends on the tokens drawn into them — verification's recursive rejection sampling then
@@ -31,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
+from specbench.drafters.base import check_stop_below
 from specbench.core.sampling import SamplingParams, exponential
 from specbench.errors import UserError
 from specbench.models.attention import AttnMeta
@@ -47,10 +51,11 @@ class EagleDrafter:
 
     def __init__(self, path: str | None = None, version: int = 3, tree: dict | None = None, max_draft_len: int = 16,
                  temperature: float | None = None, aux_layers: list[int] | None = None, aux_convention: str = "auto",
-                 model: EagleDraft | None = None) -> None:
+                 model: EagleDraft | None = None, stop_below: float | None = None) -> None:
         """path: the head's folder (null = the head shipped for the embedded SmolLM2 target; EAGLE-1 has none).
         tree: {topk, num_draft_tokens} = EAGLE-2 dynamic tree of depth k; null or topk null = a chain of depth k.
-        aux_layers / aux_convention: override the checkpoint's eagle_aux_hidden_state_layer_ids."""
+        aux_layers / aux_convention: override the checkpoint's eagle_aux_hidden_state_layer_ids. stop_below: a
+        chain row ends at its first token with draft probability < stop_below (null = always depth k)."""
         if version not in (1, 3):
             raise UserError(f"method.drafter.version={version}; valid: 1 (EAGLE-1), 3 (EAGLE-3)")
         if path is None and model is None and version not in SHIPPED:
@@ -67,6 +72,10 @@ class EagleDrafter:
             if n is not None and int(n) < 1:
                 raise UserError(f"method.tree.num_draft_tokens={n}: must be >= 1")
             self.topk, self.num_draft_tokens = topk, (int(n) if n is not None else None)
+        self.stop_below = check_stop_below(stop_below)
+        if self.stop_below is not None and self.topk > 1:
+            raise UserError(f"method.drafter.stop_below={stop_below} applies to chains; a dynamic tree "
+                            f"(method.tree.topk={self.topk}) already keeps its most likely nodes")
         self.model = model
         self.hidden_layers: tuple[int, ...] = ()
         self.aux_info: dict = {}
@@ -196,7 +205,13 @@ class EagleDrafter:
         front_hid, front_pool = o.expand(B, f, H), torch.arange(f, device=self.device).expand(B, f)
         anc = torch.zeros(B, f, self.M, dtype=torch.bool, device=self.device)
         eye = torch.arange(f, device=self.device)
+        lens, alive = state.active.clone(), state.active > 0  # stop_below (chains): rows still confident
         for d in range(1, k):  # forward the depth-d frontier -> depth d+1 candidates
+            if self.stop_below is not None:
+                alive &= q_all[-1].gather(2, pool_tok[-1][:, None, -1:])[:, 0, 0].exp() >= self.stop_below
+                if not bool(alive.any()):  # one host sync per depth, under stop_below only
+                    break
+                lens += alive
             col = (d - 1) * f
             anc[:, eye, col + eye] = True
             slots = base[:, None] + col + eye
@@ -218,20 +233,22 @@ class EagleDrafter:
                 front_hid = o.gather(1, par[..., None].expand(B, f, H))
                 anc = anc.gather(1, par[..., None].expand(B, f, self.M))
                 front_pool = f + (d - 1) * f * f + sel
-        return self._tree(state, k, torch.cat(pool_tok, 1), torch.cat(pool_prio, 1), torch.cat(pool_par, 1), q_all)
+        return self._tree(state, k, torch.cat(pool_tok, 1), torch.cat(pool_prio, 1), torch.cat(pool_par, 1), q_all,
+                          lens if self.stop_below is not None else None)
 
     def _tree(self, state: BatchState, k: int, pool_tok: Tensor, pool_prio: Tensor, pool_par: Tensor,
-              q_all: list[Tensor]) -> DraftTree:
-        """Select the verified nodes from the candidate pool [B, Np] and build the DraftTree (target ids)."""
+              q_all: list[Tensor], chain_lens: Tensor | None = None) -> DraftTree:
+        """Select the verified nodes from the candidate pool [B, Np] and build the DraftTree (target ids);
+        chain_lens: each row's chain length under stop_below (the pool may then be shorter than k)."""
         B, Np = pool_tok.shape
-        N = self.max_nodes(k)
+        N = Np if self.topk == 1 else self.max_nodes(k)
         if self.topk == 1:  # a chain: every candidate, in depth order
             sel = torch.arange(Np, device=self.device).expand(B, Np)
         else:  # best N by priority; ties go to the shallower, then earlier candidate (ancestors first)
             score = pool_prio.double() - 1e-4 * self.pool_depth - 1e-9 * torch.arange(Np, device=self.device)
             sel = score.topk(N, dim=-1).indices.sort(dim=-1).values  # pool order: parents before children
         tokens = self.draft_ids[pool_tok.gather(1, sel)]
-        lens = state.active * N
+        lens = state.active * N if chain_lens is None else chain_lens
         probs = None
         if not self.params.greedy:
             q = torch.cat(q_all, 1).exp()  # [B, 1 + (k-1) f, Vd]
