@@ -98,3 +98,19 @@ def test_report_skips_missing_and_malformed(sweep, tmp_path):
     p = subprocess.run([sys.executable, "-m", "specbench.report", str(root), "--no-plots", "--out", str(tmp_path / "o2")],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "skipped" in p.stderr
+
+
+def test_cost_model_counts_the_tokens_actually_drafted():
+    """Hand-counted: 10 steps drafted 25 tokens in 0.5 s (k = 4, drafts stop short), a plain target step is
+    2.0 s / 40 = 0.05 s: c = 0.5 / 25 / 0.05 = 0.4 per drafted token; 12 accepted -> 2.2 tokens per step over
+    a step costing 1 + 0.4 * 2.5 = 2 plain steps -> 1.1."""
+    from specbench.report.report import cost_model
+
+    doc = {"config": {"k": 4}, "totals": {"target_steps": 10},
+           "acceptance": {"num_draft_tokens": 25, "num_accepted_tokens": 12, "num_drafts": 10,
+                          "acceptance_rate": 0.0, "mean_acceptance_length": 2.2},
+           "timing": {"draft_s": 0.5, "verify_s": 0.6, "step_s": 1.2},
+           "baseline": {"target_steps": 40, "timing": {"step_s": 2.0}}}
+    m = cost_model(doc)
+    assert m["c"] == pytest.approx(0.4) and m["pred_tau"] == pytest.approx(1.1)
+    assert m["verify_over_step"] == pytest.approx(1.2) and m["pred_iid"] == pytest.approx(0.5)  # α = 0: 1 / 2

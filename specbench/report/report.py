@@ -76,15 +76,17 @@ def cost_model(doc: dict) -> dict:
     if not (steps and bsteps and btime and timing.get("step_s") and k):
         return out
     t_target = btime / bsteps  # one plain target step
-    c = timing["draft_s"] / steps / k / t_target
+    drafted = a.get("num_draft_tokens") or steps * k  # tokens drafted (fewer than k per step: n-gram misses,
+    c = timing["draft_s"] / drafted / t_target  # stop_below), so c·L = draft time per step / plain step
+    L = drafted / steps
     out["c"], out["verify_over_step"] = c, timing["verify_s"] / steps / t_target
     alpha, tau = a.get("acceptance_rate"), a.get("mean_acceptance_length")
     if alpha is not None:  # i.i.d. acceptance, a draft every step
         gain = float(k + 1) if alpha >= 1.0 else (1 - alpha ** (k + 1)) / (1 - alpha)
-        out["pred_iid"] = gain / (c * k + 1)
+        out["pred_iid"] = gain / (c * L + 1)
     if tau is not None:  # measured tokens per step; steps without a draft (no n-gram match) yield 1
         per_step = 1 + a["num_accepted_tokens"] / steps
-        out["pred_tau"] = per_step / (c * k + 1)
+        out["pred_tau"] = per_step / (c * L + 1)
         out["draft_coverage"] = a["num_drafts"] / steps
     return out
 
@@ -202,8 +204,9 @@ def render(root: Path, out: Path | None = None, with_plots: bool = True) -> tupl
         if cat:
             md += ["Per category (τ / speedup, request-level rates):", "", cat, ""]
         md += ["τ = 1 + accepted / drafts (steps with a draft). drafted steps = fraction of target steps that had "
-               "a draft. c = draft cost per draft token / plain target step; verify/step = verify forward "
-               "(+ acceptance, commits) / plain target step. pred = tokens per step / (c·k + 1): i.i.d. uses "
+               "a draft. c = draft time per drafted token / plain target step; verify/step = verify forward "
+               "(+ acceptance, commits) / plain target step. pred = tokens per step / (c·L + 1), L = tokens "
+               "drafted per step (k unless drafts stop short): i.i.d. uses "
                "(1 − α^(k+1)) / (1 − α) with α = acceptance rate and a draft every step; measured uses "
                "1 + accepted / steps. Measured below predicted = verify costing more than a plain step, "
                "plus loop overhead.", ""]
