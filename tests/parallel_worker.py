@@ -42,10 +42,12 @@ def drafter_for(case: dict, spec: dict, full):
         return NgramDrafter(min_n=1, max_n=3)
     if m in ("draft_model", "draft_model_self"):
         from specbench.drafters.draft_model import DraftModelDrafter
-        return DraftModelDrafter(path=heads["draft"] if m == "draft_model" else spec["target"])
+        return DraftModelDrafter(path=heads["draft"] if m == "draft_model" else spec["target"],
+                                 stop_below=case.get("stop_below"))
     if m in ("eagle3", "eagle"):
         from specbench.drafters.eagle import EagleDrafter
-        return EagleDrafter(path=heads[m], version=3 if m == "eagle3" else 1, tree=tree)
+        return EagleDrafter(path=heads[m], version=3 if m == "eagle3" else 1, tree=tree,
+                            stop_below=case.get("stop_below"))
     if m == "medusa":
         from specbench.drafters.medusa import MedusaDrafter
         return MedusaDrafter(path=heads["medusa"], tree=tree)

@@ -66,6 +66,9 @@ CASES = [
     dict(name="draft_tp_b3", method="draft_model", batch=3, k=3, draft_tp=2),
     dict(name="draft_tp_self_b1", method="draft_model_self", batch=1, k=4, draft_tp=2),
     dict(name="sample_draft_tp_b3", method="draft_model", batch=3, k=3, temperature=0.8, seed=3, draft_tp=2),
+    # dynamic draft length: every rank must stop drafting at the same token (thresholds near the median)
+    dict(name="stop_draft_tp_b3", method="draft_model", batch=3, k=4, draft_tp=2, stop_below=0.015),
+    dict(name="stop_eagle3_b3", method="eagle3", batch=3, k=4, stop_below=0.65),
 ]
 for c in CASES:
     c.setdefault("max_new", 20)
@@ -123,6 +126,7 @@ def _check(bundle, ranks: list[dict], names=None) -> None:
         for rank, got in enumerate(ranks):
             assert got[n]["ids"] == ref[n]["ids"], (n, rank)
             assert got[n]["acc"] == ref[n]["acc"], (n, rank)
+            assert got[n]["nodes"] == ref[n]["nodes"], (n, rank)  # the same draft lengths
 
 
 def _check_acceptance(bundle) -> None:
@@ -133,6 +137,9 @@ def _check_acceptance(bundle) -> None:
     assert max(acc) == 3 and 0 in acc and 1 <= sum(acc) / len(acc) <= 2.5, acc  # ragged
     plans = [p for step in ref["oracle_b3"]["plans"] for p in step]
     assert all(planned == accepted for planned, accepted in plans) and max(p for p, _ in plans) == 4
+    for n in ("stop_draft_tp_b3", "stop_eagle3_b3"):  # stop_below drafted every length 1..4
+        nodes = {x for row in ref[n]["nodes"] for x in row}
+        assert nodes >= {1, 2, 3, 4}, (n, nodes)
     lens = [len(x) for x in ref["none_b1"]["ids"]]
     assert min(lens) < 20 == max(lens), lens  # the EOS request stopped early; others ran to the budget
 
