@@ -147,10 +147,11 @@ def test_self_draft_accepts_everything_and_a_reduced_head_only_its_vocabulary(ta
 def test_reduced_head_sampling_puts_no_mass_outside(target, items, tmp_path):
     m = _method(target, items, layers=[0, 1])
     ids = torch.tensor([2, 5, 17, 40, 99])
-    d = DraftModelDrafter(path=_save_compact(m, tmp_path / "r", ids), temperature=1.0)
+    d = DraftModelDrafter(path=_save_compact(m, tmp_path / "r", ids), temperature=1.0, stop_below=0.5)
     d.setup(target.model, 1, 32, 2, SamplingParams(1.0), torch.Generator().manual_seed(0))
-    x, q = d._pick(torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]]), torch.Generator().manual_seed(1))
+    x, q, conf = d._pick(torch.tensor([[0.0, 1.0, 2.0, 3.0, 4.0]]), torch.Generator().manual_seed(1))
     assert q.shape == (1, target.model.config.vocab_size) and int(x) in ids.tolist()
+    assert float(conf) == float(q[0, x])  # stop_below reads the drawn token's draft probability
     torch.testing.assert_close(q[0, ids], torch.softmax(torch.arange(5.0), 0))
     assert float(q.sum()) == pytest.approx(1.0) and float(q[0].index_fill(0, ids, 0).abs().sum()) == 0
 
