@@ -26,8 +26,9 @@ PROMPTS = [[5, 17, 99, 3, 250, 7, 8, 5, 17], [40, 41, 42], [300, 3, 9, 11, 12, 3
 def _drafter(method: str, tiny_dir, tmp_path):
     """Each method's config, instantiated; methods that load weights get ones built for the tiny target."""
     extra = []
-    if method == "draft_model":
-        extra = [f"method.drafter.path={tiny_dir}"]
+    if method in ("draft_model", "draft_model_tree"):
+        extra = [f"method.drafter.path={tiny_dir}"] + (["method.drafter.tree=[2,2,1]"] if method.endswith("tree") else [])
+        method = "draft_model"
     elif method in ("eagle", "eagle3"):
         tcfg = json.loads((tiny_dir / "config.json").read_text())
         make_eagle_head(tmp_path / method, tcfg, version=1 if method == "eagle" else 3, draft_vocab=300,
@@ -83,7 +84,7 @@ def state_vocab(state) -> int:
     return Spy.vocab  # set by the test: the target's vocabulary
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", METHODS + ["draft_model_tree"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_method_contract(method, temperature, tiny_dir, tmp_path):
     lm = load_model(str(tiny_dir), torch.float32, CPU)

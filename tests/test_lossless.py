@@ -111,6 +111,10 @@ def _cases(models):
         "draft_model_chain": lambda: DraftModelDrafter(model=draft.model),
         # dynamic draft length: at 0.3 a third of the drafts stop at 1 token, a third run to k = 3
         "draft_model_stop": lambda: DraftModelDrafter(model=draft.model, stop_below=0.3),
+        # a static tree from the draft model: 2 siblings at depths 1 and 2 (Gumbel top-2 without replacement)
+        "draft_model_tree": lambda: DraftModelDrafter(model=draft.model, tree=[2, 2, 1]),
+        "draft_model_reduced_tree": lambda: DraftModelDrafter(model=_reduced(draft.model, REDUCED), vocab_ids=REDUCED,
+                                                              tree=[2, 1, 1]),
         # a reduced head (the compact shared-table form's d2t): q lives on 3 of 4 tokens
         "draft_model_reduced": lambda: DraftModelDrafter(model=_reduced(draft.model, REDUCED), vocab_ids=REDUCED),
         "eagle3_chain": lambda: EagleDrafter(path=head),
@@ -140,7 +144,7 @@ def _broken_verify(tree, logits, params, gen, rule="auto", draws=None, **kw):
     return vf._descend(tree, probs, accept, gen, lossless=False, draws=draws)
 
 
-CASES = ["draft_model_chain", "draft_model_stop", "draft_model_reduced", "eagle3_chain", "eagle3_chain_stop",
+CASES = ["draft_model_chain", "draft_model_stop", "draft_model_tree", "draft_model_reduced_tree", "draft_model_reduced", "eagle3_chain", "eagle3_chain_stop",
          "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree", "mlp_speculator_chain", "mlp_speculator_tree"]
 
 

@@ -69,6 +69,8 @@ CASES = [
     # dynamic draft length: every rank must stop drafting at the same token (thresholds near the median)
     dict(name="stop_draft_tp_b3", method="draft_model", batch=3, k=4, draft_tp=2, stop_below=0.015),
     dict(name="stop_eagle3_b3", method="eagle3", batch=3, k=4, stop_below=0.65),
+    dict(name="tree_draft_tp_b3", method="draft_model", batch=3, k=3, draft_tp=2, tree=[2, 2, 1]),  # a draft tree
+    dict(name="sample_tree_draft_b3", method="draft_model", batch=3, k=3, temperature=0.8, seed=3, tree=[2, 1, 1]),
 ]
 for c in CASES:
     c.setdefault("max_new", 20)

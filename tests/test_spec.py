@@ -53,12 +53,15 @@ def _drafters(tiny, tiny_draft):
         # ~0.016 over a 384-token vocabulary), so steps draft 1..k tokens
         "draft_model_stop": lambda: DraftModelDrafter(model=tiny_draft.model, stop_below=0.013),
         "draft_model_self_stop": lambda: DraftModelDrafter(model=tiny.model, stop_below=0.016),
+        # static token trees: two siblings at depths 1 and 2 (5 depths: k up to 5)
+        "draft_model_tree": lambda: DraftModelDrafter(model=tiny_draft.model, tree=[2, 2, 1, 1, 1]),
+        "draft_model_self_tree": lambda: DraftModelDrafter(model=tiny.model, tree=[2, 2, 1, 1, 1]),
         "tree": lambda: TableTreeDrafter(V, width=2),
     }
 
 
 @pytest.mark.parametrize("name", ["ngram", "draft_model", "draft_model_self", "draft_model_stop",
-                                  "draft_model_self_stop", "tree"])
+                                  "draft_model_self_stop", "draft_model_tree", "draft_model_self_tree", "tree"])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_greedy_is_token_identical(tiny, tiny_draft, name, batch_size):
     _, ref = _run(tiny, max_new=16)
@@ -168,13 +171,17 @@ class CheckingEngine(Engine):
         return out
 
 
-@pytest.mark.parametrize("name", ["draft_model", "draft_model_self_stop", "tree"])
+@pytest.mark.parametrize("name", ["draft_model", "draft_model_self_stop", "draft_model_tree",
+                                  "draft_model_self_tree", "tree"])
 def test_caches_equal_fresh_prefill_after_every_step(tiny, tiny_draft, name):
     CheckingEngine.checked = 0
     drafter = _drafters(tiny, tiny_draft)[name]()
     _, res = _run(tiny, drafter, k=3, batch_size=2, max_new=12, engine_cls=CheckingEngine)
     assert CheckingEngine.checked > 10
-    assert any(a < 3 for r in res for a in r.accepted_per_step)  # rejections happened
+    if name == "draft_model_self_tree":  # the target drafting for itself: whole paths every step
+        assert all(a == 3 for r in res for a in r.accepted_per_step[:-1])
+    else:
+        assert any(a < 3 for r in res for a in r.accepted_per_step)  # rejections happened
 
 
 # ------------------------------------------------------------------------------- stop conditions
@@ -232,3 +239,42 @@ def test_sampled_output_depends_on_the_request_only(tiny, tiny_draft, name):
     assert len({tuple(v) for v in alone.values()}) == 3  # different requests, different streams
     _, other_seed = _run(tiny, make(), k=3, batch_size=1, max_new=16, params=params, seed=6, requests=reqs[:1])
     assert other_seed[0].output_ids != alone["0"]
+
+
+class SiblingEngine(Engine):
+    """Counts steps whose accepted depth-1 node was not the draft's first choice (node 0)."""
+
+    later = 0
+
+    def _step(self, slots):
+        out = super()._step(slots)
+        SiblingEngine.later += int((out[0].accepted_nodes[:, 0] > 0).sum())
+        return out
+
+
+def test_draft_tree_accepts_through_later_siblings(tiny, tiny_draft):
+    """Eight depth-1 siblings from a draft that mostly misses: some steps accept its 2nd-8th choice, and the tree
+    accepts more per step than the chain over the same (greedy, identical) text."""
+    _, chain = _run(tiny, DraftModelDrafter(model=tiny_draft.model), k=3, batch_size=2, max_new=30)
+    SiblingEngine.later = 0
+    _, tree = _run(tiny, DraftModelDrafter(model=tiny_draft.model, tree=[8, 1, 1]), k=3, batch_size=2, max_new=30,
+                   engine_cls=SiblingEngine)
+    assert [r.output_ids for r in tree] == [r.output_ids for r in chain]
+    assert SiblingEngine.later >= 3
+
+    def tau(res):
+        return 1 + sum(sum(r.accepted_per_step) for r in res) / sum(len(r.accepted_per_step) for r in res)
+
+    assert tau(tree) > tau(chain)
+
+
+def test_tree_is_validated(tiny):
+    from specbench.errors import UserError
+
+    for bad in ([], [2, 0], [1.5], "wide"):
+        with pytest.raises(UserError, match=r"method.drafter.tree=.*children per depth"):
+            DraftModelDrafter(model=object(), tree=bad)
+    with pytest.raises(UserError, match=r"stop_below=0.3 applies to chains"):
+        DraftModelDrafter(model=object(), tree=[2, 1], stop_below=0.3)
+    with pytest.raises(UserError, match=r"tree=\[2, 1\] has 2 depths; k=3 needs k"):
+        _run(tiny, DraftModelDrafter(model=tiny.model, tree=[2, 1]), k=3)

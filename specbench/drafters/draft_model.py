@@ -10,6 +10,12 @@ its first token whose draft probability is below the threshold (that token kept:
 nothing), and the step's drafting ends once every running row's has. A row's length depends on its own draft
 tokens only (not on its batch-mates, not on the target), so verification stays lossless; the draft forwards
 saved are the ones likely to be rejected.
+
+Static token tree (`tree: [w1, ..., wk]`): every depth-(j-1) node gets the draft's w_j most likely next tokens as
+children (drawn without replacement, Gumbel top-w, when sampling: verification's rule for siblings). After the
+pending forward the nodes so far are forwarded together at each depth with a tree mask (ancestors-or-self; the
+committed prefix is seen by all), into scratch slots past the root. `commit` keeps the prefix through the root and
+makes the accepted path plus the bonus token the next step's pending tokens (up to k + 1).
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
-from specbench.core.sampling import SamplingParams, sample_from, target_probs
+from specbench.core.types import PAD_ID, Admitted, BatchState, DraftTree, Verdict
+from specbench.core.sampling import SamplingParams, exponential, sample_from, target_probs
 from specbench.drafters.base import check_stop_below
 from specbench.errors import UserError
 from specbench.models.loading import load_model, resolve_folder
@@ -35,13 +41,14 @@ class DraftModelDrafter:
 
     def __init__(self, path: str | None = None, max_draft_len: int = 16, temperature: float | None = None,
                  cache_dir: str | None = None, model=None, vocab_ids: Tensor | None = None,
-                 stop_below: float | None = None) -> None:
+                 stop_below: float | None = None, tree: list[int] | None = None) -> None:
         """path: HF folder / .safetensors / .gguf of the draft model (null = the one shipped for the embedded
         SmolLM2 target, when present); a folder in the compact form (`models/shared_draft.py`) gets the
         target's embedding and lm_head at setup. temperature: the draft's sampling temperature (null = the
         run's); `model` passes an already built Transformer (tests, training), `vocab_ids` the target ids of its
         reduced head's rows (None = a full-vocabulary head). stop_below: a row's draft ends at its first token
-        with draft probability < stop_below (null = always k; see the module docstring)."""
+        with draft probability < stop_below (null = always k; see the module docstring). tree: children per
+        node at each depth, e.g. [3, 2, 1, 1] (null = a chain)."""
         if path is None and model is None:
             if not (SHIPPED / "config.json").is_file():
                 raise UserError("method=draft_model needs method.drafter.path=<HF folder, .safetensors or .gguf>")
@@ -49,11 +56,26 @@ class DraftModelDrafter:
         self.path, self.max_draft_len, self.temperature = path, max_draft_len, temperature
         self.cache_dir, self.model, self.vocab_ids = cache_dir, model, vocab_ids
         self.stop_below = check_stop_below(stop_below)
+        self.widths = None if tree is None else list(tree)
+        if self.widths is not None:
+            if not self.widths or not all(isinstance(w, int) and not isinstance(w, bool) and w >= 1
+                                          for w in self.widths):
+                raise UserError(f"method.drafter.tree={tree!r}: a list of children per depth, each >= 1 "
+                                "(e.g. [3, 2, 1, 1]), or null for a chain")
+            if self.stop_below is not None:
+                raise UserError(f"method.drafter.stop_below={stop_below} applies to chains; "
+                                f"method.drafter.tree={tree} is a static tree")
         self.transform = None  # set by the run under parallel.draft_tp > 1: applied once to the loaded model
 
     # ------------------------------------------------------------------------------------------ setup
     def max_nodes(self, k: int) -> int:
-        return k
+        if self.widths is None:
+            return k
+        total, level = 0, 1
+        for w in self.widths[:k]:
+            level *= w
+            total += level
+        return total
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams,
               gen: torch.Generator) -> None:
@@ -79,11 +101,21 @@ class DraftModelDrafter:
         elif rows != t.vocab_size:
             raise UserError(f"draft model {self.path}: its head has {rows} rows, the vocabulary {t.vocab_size}; a "
                             "reduced head needs its d2t (the compact form)")
-        self.cache = self.model.new_cache(batch_size, max_len + 2)
-        self.pending = torch.zeros(batch_size, 2, dtype=torch.long, device=self.device)  # [B, 2]
+        if self.widths is not None and len(self.widths) < k:
+            raise UserError(f"method.drafter.tree={self.widths} has {len(self.widths)} depths; k={k} needs k")
+        self.k = k
+        P = 2 if self.widths is None else k + 1  # pending slots: a tree's accepted path + bonus is re-fed
+        self.cache = self.model.new_cache(batch_size, max_len + P + self.max_nodes(k))
+        self.pending = torch.zeros(batch_size, P, dtype=torch.long, device=self.device)  # [B, P]
         self.num_pending = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1 or 2
         t = params.temperature if self.temperature is None else self.temperature
         self.params, self.gen = SamplingParams(t, params.top_p, params.top_k), gen
+
+    def describe(self) -> dict:
+        """For results.json: the drafting shape (a static tree's widths and its node count)."""
+        if self.widths is None:
+            return {"shape": "chain"}
+        return {"shape": "tree", "tree": "x".join(map(str, self.widths[: self.k])), "tree_nodes": self.max_nodes(self.k)}
 
     # -------------------------------------------------------------------------------------------- run
     def prefill(self, rows: list[int], admitted: Admitted, target_out) -> None:
@@ -113,15 +145,70 @@ class DraftModelDrafter:
         full = q.new_zeros(q.shape[0], self.vocab_size).index_copy_(1, ids, q)
         return ids[x], full, conf
 
+    def _pending_forward(self, state: BatchState) -> Tensor:
+        """The pending token(s) into the draft cache; the draft's logits after the last real one [B, Vd]."""
+        P = self.pending.shape[1]
+        inp = torch.where(torch.arange(P, device=self.device)[None] < self.num_pending[:, None], self.pending, 0)
+        kv = state.len_bound + P  # draft cached <= target cached; + the pending slots
+        logits = self.model(inp, self.cache, kv_len=kv, logit_index=(self.num_pending - 1)[:, None]).logits[:, 0]
+        self.cache.seq_lens += self.num_pending * state.active
+        return logits
+
+    def _top(self, logits: Tensor, w: int) -> tuple[Tensor, Tensor | None]:
+        """logits [B, n, Vd] -> w children per row and node [B, n, w] (target ids; greedy: top-w, sampling:
+        Gumbel top-w, draws without replacement), and the distribution they came from [B, n, V] (None greedy)."""
+        ids = self.vocab_ids
+        if self.params.greedy:
+            x = logits.topk(w, dim=-1).indices
+            return (x if ids is None else ids[x]), None
+        q = target_probs(logits, self.params)
+        gumbel = -exponential(tuple(q.shape), self.gen, q.device).log()
+        x = (q.clamp(min=1e-30).log() + gumbel).topk(w, dim=-1).indices
+        if ids is not None:
+            q = q.new_zeros(*q.shape[:-1], self.vocab_size).index_copy_(-1, ids, q)
+            x = ids[x]
+        return x, q
+
+    def _propose_tree(self, state: BatchState) -> DraftTree:
+        k, widths = state.k, self.widths[: state.k]
+        B = state.last.shape[0]
+        x, q = self._top(self._pending_forward(state)[:, None], widths[0])  # depth-1 children [B, 1, w1]
+        toks, pars, qs = [x[:, 0]], [torch.full((B, widths[0]), -1, device=self.device)], []
+        if q is not None:
+            qs.append(q.expand(B, widths[0], -1))
+        depth = [1] * widths[0]
+        first, n = 0, widths[0]  # the deepest level's node range [first, first + n)
+        base = self.cache.seq_lens.clone()  # = each row's text through the root; nodes go to the scratch slots after it
+        for d in range(2, k + 1):
+            tokens, parents = torch.cat(toks, 1), torch.cat(pars, 1)
+            N = tokens.shape[1]
+            dep = torch.tensor(depth, device=self.device)
+            mask = DraftTree(tokens, parents, state.active * N, None, False, d - 1, 1).attention_mask()[:, 1:, 1:]
+            out = self.model(tokens, self.cache, kv_len=state.len_bound + 1 + N, positions=base[:, None] + dep - 1,
+                             tree_mask=mask, logit_index=torch.arange(first, first + n, device=self.device)
+                             .expand(B, n)).logits  # [B, n, Vd]
+            w = widths[d - 1]
+            x, q = self._top(out, w)  # [B, n, w]
+            toks.append(x.reshape(B, n * w))
+            pars.append((first + torch.arange(n, device=self.device)).repeat_interleave(w).expand(B, n * w))
+            if q is not None:
+                qs.append(q.repeat_interleave(w, dim=1))
+            depth += [d] * (n * w)
+            first, n = N, n * w
+        tokens, parents = torch.cat(toks, 1), torch.cat(pars, 1).contiguous()
+        probs = torch.cat(qs, 1) if qs else None
+        lens = state.active * tokens.shape[1]
+        tokens = tokens.masked_fill((lens == 0)[:, None], PAD_ID)  # idle rows propose nothing
+        return DraftTree(tokens, parents, lens, probs, False, k, max(widths))
+
     def propose(self, state: BatchState) -> DraftTree:
+        if self.widths is not None:
+            return self._propose_tree(state)
         k = state.k
         gen = self.gen
         c = self.cache
-        # first step: the pending token(s); logits at the last real one
-        inp = torch.where(torch.arange(2, device=self.device)[None] < self.num_pending[:, None], self.pending, 0)
         kv = state.len_bound + 2  # draft cached <= target cached; +2 for the pending slots
-        logits = self.model(inp, c, kv_len=kv, logit_index=(self.num_pending - 1)[:, None]).logits[:, 0]
-        c.seq_lens += self.num_pending * state.active
+        logits = self._pending_forward(state)
         toks, qs = [], []
         x, q, conf = self._pick(logits, gen)
         toks.append(x)
@@ -143,6 +230,12 @@ class DraftModelDrafter:
         return DraftTree.chain(tokens, lens, probs)
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
+        if self.widths is not None:  # keep the text through the root; re-feed the accepted path and the bonus
+            K1 = verdict.tokens.shape[1]
+            self.pending[:, :K1] = verdict.tokens.clamp(min=0)
+            self.num_pending = torch.where(state.active > 0, verdict.num_accepted + 1, 1)
+            self.cache.seq_lens.copy_(torch.where(state.active > 0, state.seq_lens + 1, 0))
+            return
         K = verdict.tokens.shape[1] - 1  # this step's draft length (k, or fewer under stop_below)
         n_acc = verdict.num_accepted
         full = n_acc == K  # the K-th draft was never fed to the draft model
