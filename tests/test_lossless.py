@@ -181,13 +181,15 @@ def test_nucleus_chain_is_lossless(models):
 
 
 def test_top_k_chains_are_lossless(models):
-    """top-k 2 of V=4: the draft model's and the MLP speculator's sampled chains against the exact top-k target
+    """top-k 2 of V=4: the draft model's and the MLP speculator's sampled chains, and a draft tree with 3 depth-1
+    siblings (one more than q's support: the third is drawn from q's floor), against the exact top-k target
     (half the continuations get probability 0: a count there fails the test outright)."""
     target, draft = models[:2]
     params = SamplingParams(temperature=0.9, top_k=2)
     exact = exact_distribution(target, params)
     assert int((exact == 0).sum()) > V ** L // 2  # the restriction is real
-    for make in (lambda: DraftModelDrafter(model=draft.model), _cases(models)["mlp_speculator_chain"]):
+    for make in (lambda: DraftModelDrafter(model=draft.model), _cases(models)["mlp_speculator_chain"],
+                 lambda: DraftModelDrafter(model=draft.model, tree=[3, 1, 1])):
         counts = sampled_counts(target, make, params)
         assert float(counts[exact == 0].sum()) == 0
         stat, crit = chi2(counts, exact)

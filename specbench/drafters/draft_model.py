@@ -162,8 +162,9 @@ class DraftModelDrafter:
             x = logits.topk(w, dim=-1).indices
             return (x if ids is None else ids[x]), None
         q = target_probs(logits, self.params)
-        gumbel = -exponential(tuple(q.shape), self.gen, q.device).log()
-        x = (q.clamp(min=1e-30).log() + gumbel).topk(w, dim=-1).indices
+        q = (q + 1e-9) / (1 + 1e-9 * q.shape[-1])  # floored: every sibling Gumbel top-w can draw has q > 0 (as
+        gumbel = -exponential(tuple(q.shape), self.gen, q.device).log()  # EAGLE's trees), and q is what it reports
+        x = (q.log() + gumbel).topk(w, dim=-1).indices
         if ids is not None:
             q = q.new_zeros(*q.shape[:-1], self.vocab_size).index_copy_(-1, ids, q)
             x = ids[x]
