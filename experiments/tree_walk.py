@@ -29,14 +29,6 @@ MT_BENCH = ROOT.parent / "shared" / "data" / "mt_bench" / "question.jsonl"
 PROFILES = "1,1,1,1;2,1,1,1;4,1,1,1;2,2,1,1;3,2,1,1;2,2,2,2"
 
 
-def nodes(widths: list[int]) -> int:
-    total, level = 0, 1
-    for w in widths:
-        level *= w
-        total += level
-    return total
-
-
 def rank_of(logits: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """[T] rank of logits[t, idx[t]] in its row as argmax / topk order it (bf16 logits tie often: an equal logit
     at a lower index comes first, as argmax's first maximum)."""
@@ -81,7 +73,7 @@ def main() -> None:
 
     from specbench.core.sampling import SamplingParams
     from specbench.data.prompts import load_prompts, to_requests
-    from specbench.drafters.draft_model import DraftModelDrafter
+    from specbench.drafters.draft_model import DraftModelDrafter, tree_nodes
     from specbench.engine.loop import Engine, StopCriteria
     from specbench.models.loading import load_model
     from specbench.run import resolve_dtype
@@ -120,7 +112,7 @@ def main() -> None:
         seqs = acc[str(p)]
         steps, accepted = sum(len(s) for s in seqs), sum(sum(s) for s in seqs)
         per_pos = [sum(x > j for s in seqs for x in s) / steps for j in range(len(p))]
-        rows.append({"widths": p, "nodes": nodes(p), "walk_tau": 1 + accepted / steps, "steps": steps,
+        rows.append({"widths": p, "nodes": tree_nodes(p), "walk_tau": 1 + accepted / steps, "steps": steps,
                      "per_position": per_pos, "per_sequence_steps_accepted": [[len(s), sum(s)] for s in seqs]})
     md = ["| widths per depth | nodes verified | walk τ | per position |", "|---|---:|---:|---|"]
     md += [f"| {r['widths']} | {r['nodes']} | {r['walk_tau']:.3f} | {' / '.join(f'{x:.3f}' for x in r['per_position'])} |"

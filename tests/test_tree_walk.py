@@ -7,10 +7,12 @@ tw = experiment_script("tree_walk")
 
 
 def test_nodes_per_profile():
-    assert tw.nodes([1, 1, 1, 1]) == 4
-    assert tw.nodes([4, 1, 1, 1]) == 16  # 4 siblings, a chain of 3 under each
-    assert tw.nodes([3, 2, 1, 1]) == 3 + 6 + 6 + 6
-    assert tw.nodes([2, 2, 2, 2]) == 2 + 4 + 8 + 16
+    from specbench.drafters.draft_model import tree_nodes
+
+    assert tree_nodes([1, 1, 1, 1]) == 4
+    assert tree_nodes([4, 1, 1, 1]) == 16  # 4 siblings, a chain of 3 under each
+    assert tree_nodes([3, 2, 1, 1]) == 3 + 6 + 6 + 6
+    assert tree_nodes([2, 2, 2, 2]) == 2 + 4 + 8 + 16
 
 
 def test_walk_counts_by_hand():

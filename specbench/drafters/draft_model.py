@@ -35,6 +35,15 @@ from specbench.models.shared_draft import is_compact, load_compact
 SHIPPED = Path(__file__).resolve().parent.parent / "weights" / "smollm2-135m-draft"
 
 
+def tree_nodes(widths: list[int]) -> int:
+    """Nodes of the static tree whose depth-j nodes each have widths[j] children: w1 + w1·w2 + ..."""
+    total, level = 0, 1
+    for w in widths:
+        level *= w
+        total += level
+    return total
+
+
 class DraftModelDrafter:
     hidden_layers: tuple[int, ...] = ()
     shardable = True  # parallel.draft_tp = tp shards the draft model like the target (see `transform`)
@@ -69,13 +78,7 @@ class DraftModelDrafter:
 
     # ------------------------------------------------------------------------------------------ setup
     def max_nodes(self, k: int) -> int:
-        if self.widths is None:
-            return k
-        total, level = 0, 1
-        for w in self.widths[:k]:
-            level *= w
-            total += level
-        return total
+        return k if self.widths is None else tree_nodes(self.widths[:k])
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams,
               gen: torch.Generator) -> None:
@@ -108,6 +111,16 @@ class DraftModelDrafter:
         self.cache = self.model.new_cache(batch_size, max_len + P + self.max_nodes(k))
         self.pending = torch.zeros(batch_size, P, dtype=torch.long, device=self.device)  # [B, P]
         self.num_pending = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1 or 2
+        if self.widths is not None:  # the static shape, once: node parents and depths (depth-major order), and
+            parents, depth, level = [-1] * self.widths[0], [1] * self.widths[0], 0  # ancestors-or-self
+            for d, w in enumerate(self.widths[1:k], 2):
+                n = len(depth) - level
+                parents += [p for p in range(level, level + n) for _ in range(w)]
+                depth += [d] * (n * w)
+                level += n
+            par = torch.tensor(parents, device=self.device)
+            self.tree_parents, self.tree_depth = par, torch.tensor(depth, device=self.device)
+            self.tree_mask = DraftTree(par[None], par[None], par.new_zeros(1), None, False, k, 1).attention_mask()[0, 1:, 1:]
         t = params.temperature if self.temperature is None else self.temperature
         self.params, self.gen = SamplingParams(t, params.top_p, params.top_k), gen
 
@@ -174,33 +187,24 @@ class DraftModelDrafter:
         k, widths = state.k, self.widths[: state.k]
         B = state.last.shape[0]
         x, q = self._top(self._pending_forward(state)[:, None], widths[0])  # depth-1 children [B, 1, w1]
-        toks, pars, qs = [x[:, 0]], [torch.full((B, widths[0]), -1, device=self.device)], []
-        if q is not None:
-            qs.append(q.expand(B, widths[0], -1))
-        depth = [1] * widths[0]
+        toks, qs = [x[:, 0]], ([] if q is None else [q.expand(B, widths[0], -1)])
         first, n = 0, widths[0]  # the deepest level's node range [first, first + n)
-        base = self.cache.seq_lens.clone()  # = each row's text through the root; nodes go to the scratch slots after it
-        for d in range(2, k + 1):
-            tokens, parents = torch.cat(toks, 1), torch.cat(pars, 1)
+        pos = self.cache.seq_lens[:, None] + self.tree_depth - 1  # depth-1 nodes right after the root
+        for w in widths[1:]:  # forward every node so far (a prefix of the static order) -> the next level
+            tokens = torch.cat(toks, 1)
             N = tokens.shape[1]
-            dep = torch.tensor(depth, device=self.device)
-            mask = DraftTree(tokens, parents, state.active * N, None, False, d - 1, 1).attention_mask()[:, 1:, 1:]
-            out = self.model(tokens, self.cache, kv_len=state.len_bound + 1 + N, positions=base[:, None] + dep - 1,
-                             tree_mask=mask, logit_index=torch.arange(first, first + n, device=self.device)
-                             .expand(B, n)).logits  # [B, n, Vd]
-            w = widths[d - 1]
+            out = self.model(tokens, self.cache, kv_len=state.len_bound + 1 + N, positions=pos[:, :N],
+                             tree_mask=self.tree_mask[:N, :N].expand(B, N, N),
+                             logit_index=torch.arange(first, first + n, device=self.device).expand(B, n)).logits
             x, q = self._top(out, w)  # [B, n, w]
             toks.append(x.reshape(B, n * w))
-            pars.append((first + torch.arange(n, device=self.device)).repeat_interleave(w).expand(B, n * w))
             if q is not None:
                 qs.append(q.repeat_interleave(w, dim=1))
-            depth += [d] * (n * w)
             first, n = N, n * w
-        tokens, parents = torch.cat(toks, 1), torch.cat(pars, 1).contiguous()
-        probs = torch.cat(qs, 1) if qs else None
-        lens = state.active * tokens.shape[1]
-        tokens = tokens.masked_fill((lens == 0)[:, None], PAD_ID)  # idle rows propose nothing
-        return DraftTree(tokens, parents, lens, probs, False, k, max(widths))
+        lens = state.active * self.tree_depth.shape[0]
+        tokens = torch.cat(toks, 1).masked_fill((lens == 0)[:, None], PAD_ID)  # idle rows propose nothing
+        parents = self.tree_parents.expand(B, -1).contiguous()
+        return DraftTree(tokens, parents, lens, torch.cat(qs, 1) if qs else None, False, k, max(widths))
 
     def propose(self, state: BatchState) -> DraftTree:
         if self.widths is not None:
