@@ -43,7 +43,8 @@ def drafter_for(case: dict, spec: dict, full):
     if m in ("draft_model", "draft_model_self"):
         from specbench.drafters.draft_model import DraftModelDrafter
         return DraftModelDrafter(path=heads["draft"] if m == "draft_model" else spec["target"],
-                                 stop_below=case.get("stop_below"), tree=tree)
+                                 stop_below=case.get("stop_below"), tree=tree if isinstance(tree, list) else None,
+                                 dynamic=tree if isinstance(tree, dict) else None)
     if m in ("eagle3", "eagle"):
         from specbench.drafters.eagle import EagleDrafter
         return EagleDrafter(path=heads[m], version=3 if m == "eagle3" else 1, tree=tree,

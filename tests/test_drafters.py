@@ -26,8 +26,10 @@ PROMPTS = [[5, 17, 99, 3, 250, 7, 8, 5, 17], [40, 41, 42], [300, 3, 9, 11, 12, 3
 def _drafter(method: str, tiny_dir, tmp_path):
     """Each method's config, instantiated; methods that load weights get ones built for the tiny target."""
     extra = []
-    if method in ("draft_model", "draft_model_tree"):
-        extra = [f"method.drafter.path={tiny_dir}"] + (["method.drafter.tree=[2,2,1]"] if method.endswith("tree") else [])
+    if method.startswith("draft_model"):
+        shape = {"draft_model_tree": ["method.drafter.tree=[2,2,1]"],
+                 "draft_model_dynamic": ["method.tree.topk=2", "method.tree.num_draft_tokens=5"]}
+        extra = [f"method.drafter.path={tiny_dir}", *shape.get(method, [])]
         method = "draft_model"
     elif method in ("eagle", "eagle3"):
         tcfg = json.loads((tiny_dir / "config.json").read_text())
@@ -84,7 +86,7 @@ def state_vocab(state) -> int:
     return Spy.vocab  # set by the test: the target's vocabulary
 
 
-@pytest.mark.parametrize("method", METHODS + ["draft_model_tree"])
+@pytest.mark.parametrize("method", METHODS + ["draft_model_tree", "draft_model_dynamic"])
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_method_contract(method, temperature, tiny_dir, tmp_path):
     lm = load_model(str(tiny_dir), torch.float32, CPU)

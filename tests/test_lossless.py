@@ -115,6 +115,8 @@ def _cases(models):
         "draft_model_tree": lambda: DraftModelDrafter(model=draft.model, tree=[2, 2, 1]),
         "draft_model_reduced_tree": lambda: DraftModelDrafter(model=_reduced(draft.model, REDUCED), vocab_ids=REDUCED,
                                                               tree=[2, 1, 1]),
+        # an EAGLE-2 dynamic tree from the draft model: 5 of the 2 + 2·4 candidates
+        "draft_model_dynamic": lambda: DraftModelDrafter(model=draft.model, dynamic={"topk": 2, "num_draft_tokens": 5}),
         # a reduced head (the compact shared-table form's d2t): q lives on 3 of 4 tokens
         "draft_model_reduced": lambda: DraftModelDrafter(model=_reduced(draft.model, REDUCED), vocab_ids=REDUCED),
         "eagle3_chain": lambda: EagleDrafter(path=head),
@@ -144,7 +146,8 @@ def _broken_verify(tree, logits, params, gen, rule="auto", draws=None, **kw):
     return vf._descend(tree, probs, accept, gen, lossless=False, draws=draws)
 
 
-CASES = ["draft_model_chain", "draft_model_stop", "draft_model_tree", "draft_model_reduced_tree", "draft_model_reduced", "eagle3_chain", "eagle3_chain_stop",
+CASES = ["draft_model_chain", "draft_model_stop", "draft_model_tree", "draft_model_reduced_tree", "draft_model_dynamic",
+         "draft_model_reduced", "eagle3_chain", "eagle3_chain_stop",
          "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree", "mlp_speculator_chain", "mlp_speculator_tree"]
 
 
@@ -181,15 +184,16 @@ def test_nucleus_chain_is_lossless(models):
 
 
 def test_top_k_chains_are_lossless(models):
-    """top-k 2 of V=4: the draft model's and the MLP speculator's sampled chains, and a draft tree with 3 depth-1
-    siblings (one more than q's support: the third is drawn from q's floor), against the exact top-k target
+    """top-k 2 of V=4: the draft model's and the MLP speculator's sampled chains, and a static and a dynamic draft
+    tree with 3 siblings per node (one more than q's support: the third is drawn from q's floor), against the exact top-k target
     (half the continuations get probability 0: a count there fails the test outright)."""
     target, draft = models[:2]
     params = SamplingParams(temperature=0.9, top_k=2)
     exact = exact_distribution(target, params)
     assert int((exact == 0).sum()) > V ** L // 2  # the restriction is real
     for make in (lambda: DraftModelDrafter(model=draft.model), _cases(models)["mlp_speculator_chain"],
-                 lambda: DraftModelDrafter(model=draft.model, tree=[3, 1, 1])):
+                 lambda: DraftModelDrafter(model=draft.model, tree=[3, 1, 1]),
+                 lambda: DraftModelDrafter(model=draft.model, dynamic={"topk": 3, "num_draft_tokens": 6})):
         counts = sampled_counts(target, make, params)
         assert float(counts[exact == 0].sum()) == 0
         stat, crit = chi2(counts, exact)

@@ -71,6 +71,8 @@ CASES = [
     dict(name="stop_eagle3_b3", method="eagle3", batch=3, k=4, stop_below=0.65),
     dict(name="tree_draft_tp_b3", method="draft_model", batch=3, k=3, draft_tp=2, tree=[2, 2, 1]),  # a draft tree
     dict(name="sample_tree_draft_b3", method="draft_model", batch=3, k=3, temperature=0.8, seed=3, tree=[2, 1, 1]),
+    dict(name="dyn_tree_draft_tp_b3", method="draft_model", batch=3, k=3, draft_tp=2,  # EAGLE-2 selection
+         tree={"topk": 2, "num_draft_tokens": 5}),
 ]
 for c in CASES:
     c.setdefault("max_new", 20)

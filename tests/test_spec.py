@@ -56,12 +56,18 @@ def _drafters(tiny, tiny_draft):
         # static token trees: two siblings at depths 1 and 2 (5 depths: k up to 5)
         "draft_model_tree": lambda: DraftModelDrafter(model=tiny_draft.model, tree=[2, 2, 1, 1, 1]),
         "draft_model_self_tree": lambda: DraftModelDrafter(model=tiny.model, tree=[2, 2, 1, 1, 1]),
+        # EAGLE-2 dynamic trees: 6 of the 2 + 4(k-1) candidates (k = 1: 2 of 2), and all of them (these flat random
+        # models' best 6 never reach depth 3; with all, the self-draft's greedy path is kept unless a depth-1
+        # runner-up's children outrank it at depth 2)
+        "draft_model_dynamic": lambda: DraftModelDrafter(model=tiny_draft.model, dynamic={"topk": 2, "num_draft_tokens": 6}),
+        "draft_model_self_dynamic": lambda: DraftModelDrafter(model=tiny.model, dynamic={"topk": 2, "num_draft_tokens": None}),
         "tree": lambda: TableTreeDrafter(V, width=2),
     }
 
 
 @pytest.mark.parametrize("name", ["ngram", "draft_model", "draft_model_self", "draft_model_stop",
-                                  "draft_model_self_stop", "draft_model_tree", "draft_model_self_tree", "tree"])
+                                  "draft_model_self_stop", "draft_model_tree", "draft_model_self_tree",
+                                  "draft_model_dynamic", "draft_model_self_dynamic", "tree"])
 @pytest.mark.parametrize("batch_size", [1, 3])
 def test_greedy_is_token_identical(tiny, tiny_draft, name, batch_size):
     _, ref = _run(tiny, max_new=16)
@@ -172,14 +178,17 @@ class CheckingEngine(Engine):
 
 
 @pytest.mark.parametrize("name", ["draft_model", "draft_model_self_stop", "draft_model_tree",
-                                  "draft_model_self_tree", "tree"])
+                                  "draft_model_self_tree", "draft_model_dynamic", "draft_model_self_dynamic", "tree"])
 def test_caches_equal_fresh_prefill_after_every_step(tiny, tiny_draft, name):
     CheckingEngine.checked = 0
     drafter = _drafters(tiny, tiny_draft)[name]()
     _, res = _run(tiny, drafter, k=3, batch_size=2, max_new=12, engine_cls=CheckingEngine)
     assert CheckingEngine.checked > 10
+    steps = [a for r in res for a in r.accepted_per_step[:-1]]
     if name == "draft_model_self_tree":  # the target drafting for itself: whole paths every step
-        assert all(a == 3 for r in res for a in r.accepted_per_step[:-1])
+        assert all(a == 3 for a in steps)
+    elif name == "draft_model_self_dynamic":  # whole paths in most steps (14 of 15 when written)
+        assert sum(a == 3 for a in steps) >= 0.8 * len(steps), steps
     else:
         assert any(a < 3 for r in res for a in r.accepted_per_step)  # rejections happened
 
@@ -278,3 +287,89 @@ def test_tree_is_validated(tiny):
         DraftModelDrafter(model=object(), tree=[2, 1], stop_below=0.3)
     with pytest.raises(UserError, match=r"tree=\[2, 1\] has 2 depths; k=3 needs k"):
         _run(tiny, DraftModelDrafter(model=tiny.model, tree=[2, 1]), k=3)
+
+
+class TreeSpy(Engine):
+    """Records each step's drafted tree with every row's text through the root (prompt + outputs so far)."""
+
+    seen: list = []
+
+    def _step(self, slots):
+        texts = [None if s is None else s.request.prompt_ids + s.output_ids for s in slots]
+        propose = self.drafter.propose
+
+        def spy(state):
+            tree = propose(state)
+            TreeSpy.seen.append((texts, tree))
+            return tree
+
+        self.drafter.propose = spy
+        try:
+            return super()._step(slots)
+        finally:
+            del self.drafter.propose
+
+
+def test_dynamic_tree_keeps_the_best_candidates(tiny, tiny_draft):
+    """EAGLE-2's selection recomputed by brute force with plain causal forwards of every path (no tree mask, no
+    scratch slots): each step's verified nodes are the 8 best of the 3 + 2·9 candidates by cumulative draft
+    log-prob, frontiers the 3 best of each depth; with every candidate verified (these flat random models' best 8
+    rarely reach depth 3) the depth-3 tokens check the frontier forwards' masks and positions. The same text as
+    the chain's, with more accepted per step."""
+    f, k = 3, 3
+
+    def log_q(ids):
+        return torch.log_softmax(tiny_draft.model(torch.tensor([ids]), None).logits[0, -1].float(), -1)
+
+    def tau(res):
+        return 1 + sum(sum(r.accepted_per_step) for r in res) / sum(len(r.accepted_per_step) for r in res)
+
+    _, chain = _run(tiny, DraftModelDrafter(model=tiny_draft.model), k=k, batch_size=2, max_new=20)
+    for N in (8, None):
+        TreeSpy.seen = []
+        _, dyn = _run(tiny, DraftModelDrafter(model=tiny_draft.model, dynamic={"topk": f, "num_draft_tokens": N}),
+                      k=k, batch_size=2, max_new=20, engine_cls=TreeSpy)
+        assert [r.output_ids for r in dyn] == [r.output_ids for r in chain]
+        assert tau(dyn) > tau(chain)
+        checked = 0
+        with torch.inference_mode():
+            for texts, tree in TreeSpy.seen:
+                for b, text in enumerate(texts):
+                    if text is None:
+                        continue
+                    v, x = log_q(text).topk(f)
+                    front = [((t,), p) for t, p in zip(x.tolist(), v.tolist())]
+                    pool = list(front)
+                    for d in range(1, k):
+                        kids = []
+                        for path, p in front:
+                            v, x = log_q(text + list(path)).topk(f)
+                            kids += [(path + (t,), p + c) for t, c in zip(x.tolist(), v.tolist())]
+                        pool += kids
+                        front = sorted(kids, key=lambda c: -c[1])[:f]
+                    ranked = sorted(pool, key=lambda c: (-c[1], len(c[0])))
+                    n = N or len(pool)
+                    if n < len(pool) and ranked[n - 1][1] - ranked[n][1] < 1e-4:
+                        continue  # a near tie at the cut: either choice is right
+                    toks, par = tree.tokens[b].tolist(), tree.parents[b].tolist()
+                    paths = []
+                    for i in range(n):
+                        paths.append((paths[par[i]] if par[i] >= 0 else ()) + (toks[i],))
+                    assert set(paths) == {c[0] for c in ranked[:n]}
+                    checked += 1
+        assert checked >= 10
+
+
+def test_dynamic_tree_is_validated(tiny):
+    from specbench.errors import UserError
+
+    for bad in ({"topk": 0, "num_draft_tokens": 4}, {"topk": 2, "num_draft_tokens": 0}, {"topk": "2"}):
+        with pytest.raises(UserError, match=r"method.tree=.*integers >= 1"):
+            DraftModelDrafter(model=object(), dynamic=bad)
+    with pytest.raises(UserError, match=r"method.drafter.tree=\[2, 1\] and the dynamic tree"):
+        DraftModelDrafter(model=object(), tree=[2, 1], dynamic={"topk": 2, "num_draft_tokens": 4})
+    with pytest.raises(UserError, match=r"stop_below=0.3 and the dynamic tree"):
+        DraftModelDrafter(model=object(), stop_below=0.3, dynamic={"topk": 2, "num_draft_tokens": 4})
+    d = DraftModelDrafter(model=object(), dynamic={"topk": None, "num_draft_tokens": None})  # the config default
+    assert not d.is_tree and d.max_nodes(4) == 4
+    assert DraftModelDrafter(model=object(), dynamic={"topk": 4, "num_draft_tokens": None}).max_nodes(4) == 4 + 3 * 16

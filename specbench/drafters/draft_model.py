@@ -16,6 +16,14 @@ children (drawn without replacement, Gumbel top-w, when sampling: verification's
 pending forward the nodes so far are forwarded together at each depth with a tree mask (ancestors-or-self; the
 committed prefix is seen by all), into scratch slots past the root. `commit` keeps the prefix through the root and
 makes the accepted path plus the bonus token the next step's pending tokens (up to k + 1).
+
+Dynamic tree (`method.tree: {topk, num_draft_tokens}`, EAGLE-2's selection, the keys `method=eagle3` takes): the
+root's `topk` most likely children start the frontier; each frontier node proposes its `topk` best children with
+priority = parent priority + log q(child), and the `topk` best candidates of each depth become the next frontier
+(forwarded with the frontiers before them and a tree mask, as the static tree's levels); the `num_draft_tokens`
+best candidates of all depths form the verified tree. Priorities fall along every path, so the kept set is closed
+under ancestors. Sampling as EAGLE's trees: children drawn without replacement (Gumbel top-k) from a floored q,
+priorities from q's sorted values, so which sibling slots survive never depends on the tokens drawn into them.
 """
 
 from __future__ import annotations
@@ -50,14 +58,16 @@ class DraftModelDrafter:
 
     def __init__(self, path: str | None = None, max_draft_len: int = 16, temperature: float | None = None,
                  cache_dir: str | None = None, model=None, vocab_ids: Tensor | None = None,
-                 stop_below: float | None = None, tree: list[int] | None = None) -> None:
+                 stop_below: float | None = None, tree: list[int] | None = None,
+                 dynamic: dict | None = None) -> None:
         """path: HF folder / .safetensors / .gguf of the draft model (null = the one shipped for the embedded
         SmolLM2 target, when present); a folder in the compact form (`models/shared_draft.py`) gets the
         target's embedding and lm_head at setup. temperature: the draft's sampling temperature (null = the
         run's); `model` passes an already built Transformer (tests, training), `vocab_ids` the target ids of its
         reduced head's rows (None = a full-vocabulary head). stop_below: a row's draft ends at its first token
         with draft probability < stop_below (null = always k; see the module docstring). tree: children per
-        node at each depth, e.g. [3, 2, 1, 1] (null = a chain)."""
+        node at each depth, e.g. [3, 2, 1, 1] (null = a chain). dynamic: {topk, num_draft_tokens}, an EAGLE-2
+        dynamic tree of depth k (`method.tree`; null or topk null = no dynamic tree)."""
         if path is None and model is None:
             if not (SHIPPED / "config.json").is_file():
                 raise UserError("method=draft_model needs method.drafter.path=<HF folder, .safetensors or .gguf>")
@@ -74,10 +84,31 @@ class DraftModelDrafter:
             if self.stop_below is not None:
                 raise UserError(f"method.drafter.stop_below={stop_below} applies to chains; "
                                 f"method.drafter.tree={tree} is a static tree")
+        self.topk, self.num_draft_tokens = None, None
+        if dynamic is not None and dynamic.get("topk") is not None:
+            topk, n = dynamic["topk"], dynamic.get("num_draft_tokens")
+            if not (isinstance(topk, int) and topk >= 1) or not (n is None or (isinstance(n, int) and n >= 1)):
+                raise UserError(f"method.tree={dict(dynamic)}: topk and num_draft_tokens must be integers >= 1 "
+                                "(num_draft_tokens null = every candidate)")
+            for other, val in (("method.drafter.tree", self.widths), ("method.drafter.stop_below", self.stop_below)):
+                if val is not None:
+                    raise UserError(f"{other}={val} and the dynamic tree method.tree={dict(dynamic)} exclude each "
+                                    "other: give one")
+            self.topk, self.num_draft_tokens = topk, n
         self.transform = None  # set by the run under parallel.draft_tp > 1: applied once to the loaded model
 
     # ------------------------------------------------------------------------------------------ setup
+    @property
+    def is_tree(self) -> bool:
+        return self.widths is not None or self.topk is not None
+
+    def pool_size(self, k: int) -> int:
+        """Candidates a dynamic tree of depth k chooses from: topk at depth 1, topk² below."""
+        return self.topk + (k - 1) * self.topk * self.topk
+
     def max_nodes(self, k: int) -> int:
+        if self.topk is not None:
+            return min(self.num_draft_tokens or self.pool_size(k), self.pool_size(k))
         return k if self.widths is None else tree_nodes(self.widths[:k])
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams,
@@ -107,8 +138,9 @@ class DraftModelDrafter:
         if self.widths is not None and len(self.widths) < k:
             raise UserError(f"method.drafter.tree={self.widths} has {len(self.widths)} depths; k={k} needs k")
         self.k = k
-        P = 2 if self.widths is None else k + 1  # pending slots: a tree's accepted path + bonus is re-fed
-        self.cache = self.model.new_cache(batch_size, max_len + P + self.max_nodes(k))
+        P = k + 1 if self.is_tree else 2  # pending slots: a tree's accepted path + bonus is re-fed
+        scratch = self.max_nodes(k) if self.topk is None else max(self.max_nodes(k), (k - 1) * self.topk)
+        self.cache = self.model.new_cache(batch_size, max_len + P + scratch)
         self.pending = torch.zeros(batch_size, P, dtype=torch.long, device=self.device)  # [B, P]
         self.num_pending = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1 or 2
         if self.widths is not None:  # the static shape, once: node parents and depths (depth-major order), and
@@ -121,11 +153,19 @@ class DraftModelDrafter:
             par = torch.tensor(parents, device=self.device)
             self.tree_parents, self.tree_depth = par, torch.tensor(depth, device=self.device)
             self.tree_mask = DraftTree(par[None], par[None], par.new_zeros(1), None, False, k, 1).attention_mask()[0, 1:, 1:]
+        if self.topk is not None:  # the dynamic tree's static pool layout: each candidate's depth and the q
+            f = self.topk  # (index into the step's distributions: root, then frontier nodes) it was drawn from
+            depth = [1] * f + [d + 1 for d in range(1, k) for _ in range(f * f)]
+            qsrc = [0] * f + [1 + (d - 1) * f + j for d in range(1, k) for j in range(f) for _ in range(f)]
+            self.pool_depth = torch.tensor(depth, device=self.device)
+            self.pool_qsrc = torch.tensor(qsrc, device=self.device)
         t = params.temperature if self.temperature is None else self.temperature
         self.params, self.gen = SamplingParams(t, params.top_p, params.top_k), gen
 
     def describe(self) -> dict:
         """For results.json: the drafting shape (a static tree's widths and its node count)."""
+        if self.topk is not None:
+            return {"shape": "tree", "tree": {"topk": self.topk, "num_draft_tokens": self.max_nodes(self.k)}}
         if self.widths is None:
             return {"shape": "chain"}
         return {"shape": "tree", "tree": "x".join(map(str, self.widths[: self.k])), "tree_nodes": self.max_nodes(self.k)}
@@ -167,26 +207,31 @@ class DraftModelDrafter:
         self.cache.seq_lens += self.num_pending * state.active
         return logits
 
-    def _top(self, logits: Tensor, w: int) -> tuple[Tensor, Tensor | None]:
+    def _top(self, logits: Tensor, w: int, values: bool = False) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """logits [B, n, Vd] -> w children per row and node [B, n, w] (target ids; greedy: top-w, sampling:
-        Gumbel top-w, draws without replacement), and the distribution they came from [B, n, V] (None greedy)."""
+        Gumbel top-w, draws without replacement), the distribution they came from [B, n, V] (None greedy) and,
+        when `values`, the w largest log q per node, sorted [B, n, w] (a dynamic tree's priorities; greedy: of
+        softmax(logits))."""
         ids = self.vocab_ids
         if self.params.greedy:
-            x = logits.topk(w, dim=-1).indices
-            return (x if ids is None else ids[x]), None
+            lq = torch.log_softmax(logits.float(), dim=-1) if values else logits
+            v, x = lq.topk(w, dim=-1)
+            return (x if ids is None else ids[x]), None, (v if values else None)
         q = target_probs(logits, self.params)
         q = (q + 1e-9) / (1 + 1e-9 * q.shape[-1])  # floored: every sibling Gumbel top-w can draw has q > 0 (as
-        gumbel = -exponential(tuple(q.shape), self.gen, q.device).log()  # EAGLE's trees), and q is what it reports
-        x = (q.log() + gumbel).topk(w, dim=-1).indices
+        lq = q.log()  # EAGLE's trees), and q is what it reports
+        gumbel = -exponential(tuple(q.shape), self.gen, q.device).log()
+        x = (lq + gumbel).topk(w, dim=-1).indices
+        v = lq.topk(w, dim=-1).values if values else None
         if ids is not None:
             q = q.new_zeros(*q.shape[:-1], self.vocab_size).index_copy_(-1, ids, q)
             x = ids[x]
-        return x, q
+        return x, q, v
 
     def _propose_tree(self, state: BatchState) -> DraftTree:
         k, widths = state.k, self.widths[: state.k]
         B = state.last.shape[0]
-        x, q = self._top(self._pending_forward(state)[:, None], widths[0])  # depth-1 children [B, 1, w1]
+        x, q, _ = self._top(self._pending_forward(state)[:, None], widths[0])  # depth-1 children [B, 1, w1]
         toks, qs = [x[:, 0]], ([] if q is None else [q.expand(B, widths[0], -1)])
         first, n = 0, widths[0]  # the deepest level's node range [first, first + n)
         pos = self.cache.seq_lens[:, None] + self.tree_depth - 1  # depth-1 nodes right after the root
@@ -196,7 +241,7 @@ class DraftModelDrafter:
             out = self.model(tokens, self.cache, kv_len=state.len_bound + 1 + N, positions=pos[:, :N],
                              tree_mask=self.tree_mask[:N, :N].expand(B, N, N),
                              logit_index=torch.arange(first, first + n, device=self.device).expand(B, n)).logits
-            x, q = self._top(out, w)  # [B, n, w]
+            x, q, _ = self._top(out, w)  # [B, n, w]
             toks.append(x.reshape(B, n * w))
             if q is not None:
                 qs.append(q.repeat_interleave(w, dim=1))
@@ -206,7 +251,58 @@ class DraftModelDrafter:
         parents = self.tree_parents.expand(B, -1).contiguous()
         return DraftTree(tokens, parents, lens, torch.cat(qs, 1) if qs else None, False, k, max(widths))
 
+    def _propose_dynamic(self, state: BatchState) -> DraftTree:
+        k, f = state.k, self.topk
+        B, dev = state.last.shape[0], self.device
+        x, q, v = self._top(self._pending_forward(state)[:, None], f, values=True)  # depth-1 candidates [B, 1, f]
+        pool_tok, pool_prio = [x.view(B, f)], [v.view(B, f)]
+        pool_par, qs = [torch.full((B, f), -1, device=dev)], [q]
+        front_tok, front_prio, front_pool = x.view(B, f), v.view(B, f), torch.arange(f, device=dev).expand(B, f)
+        M = (k - 1) * f  # forwarded frontier slots past the root: depth d's frontier at (d-1)·f ..
+        front_anc = torch.zeros(B, f, M, dtype=torch.bool, device=dev)  # ancestors-or-self among them
+        eye = torch.arange(f, device=dev)
+        toks, ancs = [], []
+        pos = self.cache.seq_lens[:, None] + torch.arange(M, device=dev) // f  # depth-1 nodes right after the root
+        for d in range(1, k):  # forward the frontiers so far -> depth d+1 candidates of the depth-d frontier
+            front_anc[:, eye, (d - 1) * f + eye] = True
+            toks.append(front_tok)
+            ancs.append(front_anc)
+            T = d * f
+            out = self.model(torch.cat(toks, 1), self.cache, kv_len=state.len_bound + 1 + T, positions=pos[:, :T],
+                             tree_mask=torch.cat(ancs, 1)[:, :, :T],
+                             logit_index=torch.arange(T - f, T, device=dev).expand(B, f)).logits
+            x, q, v = self._top(out, f, values=True)  # [B, f, f]
+            prio = (front_prio[..., None] + v).reshape(B, f * f)
+            pool_tok.append(x.reshape(B, f * f))
+            pool_prio.append(prio)
+            pool_par.append(front_pool.repeat_interleave(f, dim=1))
+            qs.append(q)
+            if d < k - 1:  # the next frontier: the f best candidates of this depth
+                sel = prio.topk(f, dim=-1).indices  # [B, f]
+                par = sel // f
+                front_tok, front_prio = x.reshape(B, -1).gather(1, sel), prio.gather(1, sel)
+                front_anc = front_anc.gather(1, par[..., None].expand(B, f, M))
+                front_pool = f + (d - 1) * f * f + sel
+        pool_tok, pool_prio, pool_par = torch.cat(pool_tok, 1), torch.cat(pool_prio, 1), torch.cat(pool_par, 1)
+        Np = pool_tok.shape[1]
+        N = self.max_nodes(k)  # best N by priority; ties go to the shallower, then earlier candidate
+        score = pool_prio.double() - 1e-4 * self.pool_depth[:Np] - 1e-9 * torch.arange(Np, device=dev)
+        sel = score.topk(N, dim=-1).indices.sort(dim=-1).values  # pool order: parents before children
+        inv = torch.full((B, Np), -1, dtype=torch.long, device=dev)
+        inv.scatter_(1, sel, torch.arange(N, device=dev).expand(B, N))
+        pp = pool_par.gather(1, sel)
+        parents = torch.where(pp >= 0, inv.gather(1, pp.clamp(min=0)), -1)
+        lens = state.active * N
+        tokens = pool_tok.gather(1, sel).masked_fill((lens == 0)[:, None], PAD_ID)  # idle rows propose nothing
+        probs = None
+        if qs[0] is not None:  # each node's q: the distribution at its parent
+            qa = torch.cat(qs, 1)  # [B, 1 + (k-1) f, V]
+            probs = qa.gather(1, self.pool_qsrc[sel][..., None].expand(B, N, qa.shape[-1]))
+        return DraftTree(tokens, parents, lens, probs, False, k, f)
+
     def propose(self, state: BatchState) -> DraftTree:
+        if self.topk is not None:
+            return self._propose_dynamic(state)
         if self.widths is not None:
             return self._propose_tree(state)
         k = state.k
@@ -235,7 +331,7 @@ class DraftModelDrafter:
         return DraftTree.chain(tokens, lens, probs)
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
-        if self.widths is not None:  # keep the text through the root; re-feed the accepted path and the bonus
+        if self.is_tree:  # keep the text through the root; re-feed the accepted path and the bonus
             K1 = verdict.tokens.shape[1]
             self.pending[:, :K1] = verdict.tokens.clamp(min=0)
             self.num_pending = torch.where(state.active > 0, verdict.num_accepted + 1, 1)
