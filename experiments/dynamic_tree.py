@@ -18,7 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from dynamic_length import _read
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dynamic_length import _read  # noqa: E402
 
 
 def main() -> None:
