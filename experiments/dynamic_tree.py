@@ -1,13 +1,13 @@
 """The draft model as an EAGLE-2 dynamic tree against its chain and n-gram lookup: the tables of experiments
 section 36.
 
-`results/dynamic_tree/rounds/r<i>_<n>_<setting>/` holds three interleaved rounds (16 MT-bench first turns, bf16,
-greedy, batch 1, no per-run baseline): each round runs target-only (`none`) first, then the chain and the trees back
+`results/dynamic_tree/rounds/r<i>_<n>_<setting>/` holds five interleaved rounds (the 12-node tree in rounds 1-3;
+16 MT-bench first turns, bf16, greedy, batch 1, no per-run baseline): each round runs target-only (`none`) first, then the chain and the trees back
 to back, so each setting's speedup is its tokens/s over the same round's target-only run (adjacent runs share the
 machine's state; this 2-core machine's speed drifts ±10 % between minutes). n-gram lookup ran once, in round 1.
 `all80/` holds one run each on all 80 first turns (no target-only runs: τ and τ per category only).
 
-    experiments/results/dynamic_tree/rounds.sh                 # the runs (~20 min); all80.sh (~17 min)
+    experiments/results/dynamic_tree/rounds.sh                 # the runs (~30 min); all80.sh (~20 min)
     python experiments/dynamic_tree.py [experiments/results/dynamic_tree/rounds]
 """
 
