@@ -21,6 +21,30 @@ def check_stop_below(value) -> float | None:
     return float(value)
 
 
+def dynamic_pool_layout(f: int, k: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-2's candidate pool for depth k and topk f: the root's f children, then per depth d+1 the f children of
+    each of the depth-d frontier's f nodes. Per candidate [f + (k-1)·f²]: its depth, and which of the step's
+    distributions it was drawn from (0 = the root's, 1 + (d-1)·f + j = depth-d frontier node j's)."""
+    depth = [1] * f + [d + 1 for d in range(1, k) for _ in range(f * f)]
+    qsrc = [0] * f + [1 + (d - 1) * f + j for d in range(1, k) for j in range(f) for _ in range(f)]
+    return torch.tensor(depth, device=device), torch.tensor(qsrc, device=device)
+
+
+def select_best(pool_prio: torch.Tensor, pool_par: torch.Tensor, pool_depth: torch.Tensor,
+                n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """EAGLE-2's verified set: the n best candidates [B, Np] by priority, ties to the shallower, then the earlier
+    candidate (so with priorities that never rise along a path the set is closed under ancestors). Returns their
+    pool indices in pool order (parents before children) [B, n] and each one's parent among them (-1 = the root)."""
+    B, Np = pool_prio.shape
+    dev = pool_prio.device
+    score = pool_prio.double() - 1e-4 * pool_depth[:Np] - 1e-9 * torch.arange(Np, device=dev)
+    sel = score.topk(n, dim=-1).indices.sort(dim=-1).values
+    inv = torch.full((B, Np), -1, dtype=torch.long, device=dev)
+    inv.scatter_(1, sel, torch.arange(n, device=dev).expand(B, n))
+    pp = pool_par.gather(1, sel)
+    return sel, torch.where(pp >= 0, inv.gather(1, pp.clamp(min=0)), -1)
+
+
 @runtime_checkable
 class Drafter(Protocol):
     max_draft_len: int  # largest k this strategy supports

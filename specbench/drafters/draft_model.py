@@ -35,7 +35,7 @@ from torch import Tensor
 
 from specbench.core.types import PAD_ID, Admitted, BatchState, DraftTree, Verdict
 from specbench.core.sampling import SamplingParams, exponential, sample_from, target_probs
-from specbench.drafters.base import check_stop_below
+from specbench.drafters.base import check_stop_below, dynamic_pool_layout, select_best
 from specbench.errors import UserError
 from specbench.models.loading import load_model, resolve_folder
 from specbench.models.shared_draft import is_compact, load_compact
@@ -87,7 +87,8 @@ class DraftModelDrafter:
         self.topk, self.num_draft_tokens = None, None
         if dynamic is not None and dynamic.get("topk") is not None:
             topk, n = dynamic["topk"], dynamic.get("num_draft_tokens")
-            if not (isinstance(topk, int) and topk >= 1) or not (n is None or (isinstance(n, int) and n >= 1)):
+            count = lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1  # noqa: E731
+            if not count(topk) or not (n is None or count(n)):
                 raise UserError(f"method.tree={dict(dynamic)}: topk and num_draft_tokens must be integers >= 1 "
                                 "(num_draft_tokens null = every candidate)")
             for other, val in (("method.drafter.tree", self.widths), ("method.drafter.stop_below", self.stop_below)):
@@ -153,12 +154,9 @@ class DraftModelDrafter:
             par = torch.tensor(parents, device=self.device)
             self.tree_parents, self.tree_depth = par, torch.tensor(depth, device=self.device)
             self.tree_mask = DraftTree(par[None], par[None], par.new_zeros(1), None, False, k, 1).attention_mask()[0, 1:, 1:]
-        if self.topk is not None:  # the dynamic tree's static pool layout: each candidate's depth and the q
-            f = self.topk  # (index into the step's distributions: root, then frontier nodes) it was drawn from
-            depth = [1] * f + [d + 1 for d in range(1, k) for _ in range(f * f)]
-            qsrc = [0] * f + [1 + (d - 1) * f + j for d in range(1, k) for j in range(f) for _ in range(f)]
-            self.pool_depth = torch.tensor(depth, device=self.device)
-            self.pool_qsrc = torch.tensor(qsrc, device=self.device)
+        if self.topk is not None:  # the dynamic tree's pool layout; the depth of each forwarded frontier slot
+            self.pool_depth, self.pool_qsrc = dynamic_pool_layout(self.topk, k, self.device)
+            self.front_depth = torch.arange((k - 1) * self.topk, device=self.device) // self.topk + 1
         t = params.temperature if self.temperature is None else self.temperature
         self.params, self.gen = SamplingParams(t, params.top_p, params.top_k), gen
 
@@ -262,7 +260,7 @@ class DraftModelDrafter:
         front_anc = torch.zeros(B, f, M, dtype=torch.bool, device=dev)  # ancestors-or-self among them
         eye = torch.arange(f, device=dev)
         toks, ancs = [], []
-        pos = self.cache.seq_lens[:, None] + torch.arange(M, device=dev) // f  # depth-1 nodes right after the root
+        pos = self.cache.seq_lens[:, None] + self.front_depth - 1  # depth-1 nodes right after the root
         for d in range(1, k):  # forward the frontiers so far -> depth d+1 candidates of the depth-d frontier
             front_anc[:, eye, (d - 1) * f + eye] = True
             toks.append(front_tok)
@@ -284,14 +282,8 @@ class DraftModelDrafter:
                 front_anc = front_anc.gather(1, par[..., None].expand(B, f, M))
                 front_pool = f + (d - 1) * f * f + sel
         pool_tok, pool_prio, pool_par = torch.cat(pool_tok, 1), torch.cat(pool_prio, 1), torch.cat(pool_par, 1)
-        Np = pool_tok.shape[1]
-        N = self.max_nodes(k)  # best N by priority; ties go to the shallower, then earlier candidate
-        score = pool_prio.double() - 1e-4 * self.pool_depth[:Np] - 1e-9 * torch.arange(Np, device=dev)
-        sel = score.topk(N, dim=-1).indices.sort(dim=-1).values  # pool order: parents before children
-        inv = torch.full((B, Np), -1, dtype=torch.long, device=dev)
-        inv.scatter_(1, sel, torch.arange(N, device=dev).expand(B, N))
-        pp = pool_par.gather(1, sel)
-        parents = torch.where(pp >= 0, inv.gather(1, pp.clamp(min=0)), -1)
+        N = self.max_nodes(k)
+        sel, parents = select_best(pool_prio, pool_par, self.pool_depth, N)  # pool order: parents first
         lens = state.active * N
         tokens = pool_tok.gather(1, sel).masked_fill((lens == 0)[:, None], PAD_ID)  # idle rows propose nothing
         probs = None

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from specbench.core.types import Admitted, BatchState, DraftTree, Verdict
-from specbench.drafters.base import check_stop_below
+from specbench.drafters.base import check_stop_below, dynamic_pool_layout, select_best
 from specbench.core.sampling import SamplingParams, exponential
 from specbench.errors import UserError
 from specbench.models.attention import AttnMeta
@@ -118,10 +118,7 @@ class EagleDrafter:
         self.num_pend = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1..k+1
         self.draft_ids = self.model.draft_ids  # [Vd] target id of each draft-vocabulary entry
         # static pool layout: depth of each candidate, and the q (distribution) it was drawn from
-        depth = [1] * f + [d + 1 for d in range(1, k) for _ in range(f * f)]
-        qsrc = [0] * f + [1 + (d - 1) * f + j for d in range(1, k) for j in range(f) for _ in range(f)]
-        self.pool_depth = torch.tensor(depth, dtype=torch.long, device=self.device)
-        self.pool_qsrc = torch.tensor(qsrc, dtype=torch.long, device=self.device)
+        self.pool_depth, self.pool_qsrc = dynamic_pool_layout(f, k, self.device)
 
     def describe(self) -> dict:
         """For results.json: the head actually used, its aux-layer convention and the drafting shape."""
@@ -244,9 +241,8 @@ class EagleDrafter:
         N = Np if self.topk == 1 else self.max_nodes(k)
         if self.topk == 1:  # a chain: every candidate, in depth order
             sel = torch.arange(Np, device=self.device).expand(B, Np)
-        else:  # best N by priority; ties go to the shallower, then earlier candidate (ancestors first)
-            score = pool_prio.double() - 1e-4 * self.pool_depth - 1e-9 * torch.arange(Np, device=self.device)
-            sel = score.topk(N, dim=-1).indices.sort(dim=-1).values  # pool order: parents before children
+        else:  # best N by priority (ancestors first, in pool order)
+            sel, parents = select_best(pool_prio, pool_par, self.pool_depth, N)
         tokens = self.draft_ids[pool_tok.gather(1, sel)]
         lens = state.active * N if chain_lens is None else chain_lens
         probs = None
@@ -257,10 +253,6 @@ class EagleDrafter:
             probs.scatter_(2, self.draft_ids.expand(B, N, -1), qn)
         if self.topk == 1:
             return DraftTree.chain(tokens, lens, probs)
-        inv = torch.full((B, Np), -1, dtype=torch.long, device=self.device)
-        inv.scatter_(1, sel, torch.arange(N, device=self.device).expand(B, N))
-        pp = pool_par.gather(1, sel)
-        parents = torch.where(pp >= 0, inv.gather(1, pp.clamp(min=0)), -1)
         return DraftTree(tokens=tokens, parents=parents, lens=lens, probs=probs, depth=k, width=self.topk)
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
