@@ -117,6 +117,11 @@ def build_drafter(cfg: DictConfig):
     if cfg.k > drafter.max_draft_len:
         raise UserError(f"k={cfg.k}: method={cfg.method.name} supports k <= {drafter.max_draft_len} "
                         f"(method.drafter.max_draft_len)")
+    lk = cfg.method.get("lookup")
+    if lk is not None and lk.get("max_n") is not None:  # prompt lookup grafted onto the drafter's tree
+        from specbench.drafters.ngram import LookupUnion
+
+        drafter = LookupUnion(drafter, lk.get("min_n", 2), lk.max_n, str(cfg.method.name))
     return drafter
 
 
@@ -125,8 +130,10 @@ def drafter_info(cfg: DictConfig) -> dict | None:
     if node is None:
         return None
     info = OmegaConf.to_container(node, resolve=True)
+    lk = cfg.method.get("lookup")
+    lookup = {"lookup": OmegaConf.to_container(lk)} if lk is not None and lk.get("max_n") is not None else {}
     return {"name": cfg.method.name, **{k: v for k, v in info.items() if k != "_target_"},
-            "class": info.get("_target_")}
+            "class": info.get("_target_"), **lookup}
 
 
 def get_target(cfg: DictConfig, device: torch.device, dtype: torch.dtype, topo=None) -> LoadedModel:

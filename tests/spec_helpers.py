@@ -21,6 +21,7 @@ class TableTreeDrafter:
     """
 
     hidden_layers: tuple[int, ...] = ()
+    refeeds_path = True  # q depends on the newest token only: any accepted path will do (method.lookup)
 
     def __init__(self, vocab: int, width: int = 2, seed: int = 0, sharpness: float = 2.0, max_draft_len: int = 8):
         g = torch.Generator().manual_seed(seed)

@@ -75,6 +75,9 @@ def test_run_writes_results_contract(tmp_path, tiny_dir):
         (["batch_size=abc"], None),  # Hydra's own type check: still exit 2
         (["method=ngram", "acceptance=sampling", "temperature=0"], "acceptance=sampling needs temperature > 0"),
         (["method=ngram", "method.acceptance=sampling"], "acceptance is a top-level setting: acceptance=sampling"),
+        (["method=draft_model", "method.lookup.max_n=4"], "method.lookup.max_n=4: method=draft_model cannot take "
+         "tokens it did not draft as a chain"),
+        (["method=eagle3", "method.lookup.max_n=2", "method.lookup.min_n=3"], "method.lookup.min_n=3, max_n=2"),
     ],
 )
 def test_bad_input_exits_2(tmp_path, args, needle):

@@ -7,7 +7,6 @@ import json
 
 import pytest
 import torch
-from hydra.utils import instantiate
 
 from conftest import make_eagle_head, make_medusa_head, make_mlp_speculator
 from specbench.cli import group_options
@@ -24,7 +23,12 @@ PROMPTS = [[5, 17, 99, 3, 250, 7, 8, 5, 17], [40, 41, 42], [300, 3, 9, 11, 12, 3
 
 
 def _drafter(method: str, tiny_dir, tmp_path):
-    """Each method's config, instantiated; methods that load weights get ones built for the tiny target."""
+    """Each method's config, instantiated; methods that load weights get ones built for the tiny target. A
+    `_lookup` suffix adds prompt lookup grafted onto the drafter's tree (method.lookup)."""
+    from specbench.run import build_drafter
+
+    lookup = ["method.lookup.max_n=3", "method.lookup.min_n=1"] if method.endswith("_lookup") else []
+    method = method.removesuffix("_lookup")
     extra = []
     if method.startswith("draft_model"):
         shape = {"draft_model_tree": ["method.drafter.tree=[2,2,1]"],
@@ -43,8 +47,8 @@ def _drafter(method: str, tiny_dir, tmp_path):
     elif method == "mlp_speculator":
         make_mlp_speculator(tmp_path / method, json.loads((tiny_dir / "config.json").read_text()), n_predict=3)
         extra = [f"method.drafter.path={tmp_path / method}"]
-    cfg = _compose([f"method={method}", *extra])
-    return instantiate(cfg.method.drafter)
+    cfg = _compose([f"method={method}", *extra, *lookup, "k=3"])
+    return build_drafter(cfg)
 
 
 class Spy:
@@ -86,7 +90,11 @@ def state_vocab(state) -> int:
     return Spy.vocab  # set by the test: the target's vocabulary
 
 
-@pytest.mark.parametrize("method", METHODS + ["draft_model_tree", "draft_model_dynamic"])
+LOOKUP = ["draft_model_dynamic_lookup", "draft_model_tree_lookup", "eagle3_lookup", "medusa_lookup",
+          "mlp_speculator_lookup"]
+
+
+@pytest.mark.parametrize("method", METHODS + ["draft_model_tree", "draft_model_dynamic"] + LOOKUP)
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_method_contract(method, temperature, tiny_dir, tmp_path):
     lm = load_model(str(tiny_dir), torch.float32, CPU)
@@ -103,6 +111,8 @@ def test_method_contract(method, temperature, tiny_dir, tmp_path):
     spy = Spy(_drafter(method, tiny_dir, tmp_path), k)
     out = run(spy)
     assert spy.calls > 0 and all(len(o) == 10 for o in out)
+    if method.endswith("_lookup") and temperature == 0.0:  # lookup paths were grafted onto the trees, within the
+        assert spy.inner.stats["grafted"] > 0, spy.inner.stats  # contract (sampled text here rarely repeats)
     if temperature == 0.0:
         assert out == run(None)
 

@@ -25,7 +25,7 @@ from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.eagle import EagleDrafter
 from specbench.drafters.medusa import MedusaDrafter
 from specbench.drafters.mlp_speculator import MLPSpeculatorDrafter
-from specbench.drafters.ngram import NgramDrafter
+from specbench.drafters.ngram import LookupUnion, NgramDrafter
 from specbench.engine.loop import Engine, StopCriteria
 from specbench.core.request import Request
 from specbench.models.loading import load_model
@@ -33,6 +33,9 @@ from specbench.models.loading import load_model
 CPU = torch.device("cpu")
 V, K, L = 4, 3, 5  # vocabulary, draft depth, continuation length (= K + 2)
 PROMPT = [3, 1, 0, 2, 1, 3, 1]
+# for the `*_lookup` cases: the suffix [3, 3] recurs, so lookup proposes what this target is likely to say next
+# (3s) and grafted nodes are accepted in 12-30 % of steps (`test_lookup_grafts_are_tried_under_sampling`)
+LOOKUP_PROMPT = [0, 3, 3, 3, 1, 0, 3, 3]
 RUNS, BATCH = 120, 256  # 30,720 sampled continuations per case
 Z_1E6 = 4.753  # standard normal quantile for a one-sided p of 1e-6
 
@@ -50,12 +53,12 @@ def models(tmp_path_factory):
     return load_model(str(t), torch.float32, CPU), load_model(str(d), torch.float32, CPU), str(h), str(m), str(s)
 
 
-def exact_distribution(lm, params: SamplingParams) -> torch.Tensor:
+def exact_distribution(lm, params: SamplingParams, prompt=PROMPT) -> torch.Tensor:
     """[V^L] probability of every continuation (lexicographic order), from one batched forward."""
     prefixes = torch.tensor(list(itertools.product(range(V), repeat=L - 1)))  # [V^(L-1), L-1]
-    inp = torch.cat([torch.tensor(PROMPT).expand(len(prefixes), -1), prefixes], 1)
+    inp = torch.cat([torch.tensor(prompt).expand(len(prefixes), -1), prefixes], 1)
     with torch.inference_mode():
-        probs = target_probs(lm.model(inp, None).logits[:, len(PROMPT) - 1:], params)  # [V^(L-1), L, V]
+        probs = target_probs(lm.model(inp, None).logits[:, len(prompt) - 1:], params)  # [V^(L-1), L, V]
     seqs = torch.tensor(list(itertools.product(range(V), repeat=L)))  # [V^L, L]
     row = (seqs[:, : L - 1] * torch.tensor([V ** (L - 2 - i) for i in range(L - 1)])).sum(1)
     p = torch.ones(len(seqs), dtype=torch.float64)
@@ -64,11 +67,11 @@ def exact_distribution(lm, params: SamplingParams) -> torch.Tensor:
     return p
 
 
-def sampled_counts(lm, make_drafter, params: SamplingParams) -> torch.Tensor:
+def sampled_counts(lm, make_drafter, params: SamplingParams, prompt=PROMPT) -> torch.Tensor:
     counts = torch.zeros(V ** L, dtype=torch.float64)
     weights = torch.tensor([V ** (L - 1 - i) for i in range(L)])
     for seed in range(RUNS):
-        reqs = [Request(id=str(i), prompt="", prompt_ids=list(PROMPT)) for i in range(BATCH)]
+        reqs = [Request(id=str(i), prompt="", prompt_ids=list(prompt)) for i in range(BATCH)]
         e = Engine(lm.model, lm.tokenizer, batch_size=BATCH, stop=StopCriteria(frozenset(), L), params=params,
                    seed=seed, progress=False, drafter=make_drafter(), k=K)
         outs = torch.tensor([r.output_ids for r in e.run(reqs)])
@@ -129,6 +132,12 @@ def _cases(models):
         "mlp_speculator_chain": lambda: MLPSpeculatorDrafter(path=mlp),  # sampled stages carry q
         "mlp_speculator_tree": lambda: MLPSpeculatorDrafter(path=mlp, tree={"top_k": [2, 2, 1], "n_candidates": 3}),
         "medusa_tree": lambda: MedusaDrafter(path=medusa, tree=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]]),
+        # prompt lookup grafted (LOOKUP_PROMPT) onto trees with q, a point-mass node after its sampled siblings,
+        # and onto a chain
+        "draft_model_dynamic_lookup": lambda: LookupUnion(
+            DraftModelDrafter(model=draft.model, dynamic={"topk": 2, "num_draft_tokens": 4}), 1, 2),
+        "table_tree_lookup": lambda: LookupUnion(TableTreeDrafter(V, width=2, seed=5, sharpness=1.5), 1, 2),
+        "eagle3_chain_lookup": lambda: LookupUnion(EagleDrafter(path=head), 1, 2),
     }
 
 
@@ -148,7 +157,8 @@ def _broken_verify(tree, logits, params, gen, rule="auto", draws=None, **kw):
 
 CASES = ["draft_model_chain", "draft_model_stop", "draft_model_tree", "draft_model_reduced_tree", "draft_model_dynamic",
          "draft_model_reduced", "eagle3_chain", "eagle3_chain_stop",
-         "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree", "mlp_speculator_chain", "mlp_speculator_tree"]
+         "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree", "mlp_speculator_chain", "mlp_speculator_tree",
+         "draft_model_dynamic_lookup", "table_tree_lookup", "eagle3_chain_lookup"]
 
 
 @pytest.mark.slow
@@ -156,7 +166,9 @@ CASES = ["draft_model_chain", "draft_model_stop", "draft_model_tree", "draft_mod
 def test_whole_continuations_are_lossless(models, case):
     target = models[0]
     params = SamplingParams(temperature=0.9)
-    stat, crit = chi2(sampled_counts(target, _cases(models)[case], params), exact_distribution(target, params))
+    prompt = LOOKUP_PROMPT if case.endswith("_lookup") else PROMPT
+    stat, crit = chi2(sampled_counts(target, _cases(models)[case], params, prompt),
+                      exact_distribution(target, params, prompt))
     print(f"{case}: chi2 {stat:.0f} < {crit:.0f}")
     assert stat < crit, (case, stat, crit)
 
@@ -169,9 +181,25 @@ def test_broken_rule_is_caught(models, case, monkeypatch):
     monkeypatch.setattr(loop, "verify", _broken_verify)
     target = models[0]
     params = SamplingParams(temperature=0.9)
-    stat, crit = chi2(sampled_counts(target, _cases(models)[case], params), exact_distribution(target, params))
+    prompt = LOOKUP_PROMPT if case.endswith("_lookup") else PROMPT
+    stat, crit = chi2(sampled_counts(target, _cases(models)[case], params, prompt),
+                      exact_distribution(target, params, prompt))
     print(f"{case} broken: chi2 {stat:.0f} > {crit:.0f}")
     assert stat > crit, (case, stat, crit)
+
+
+def test_lookup_grafts_are_tried_under_sampling(models):
+    """The `*_lookup` cases above test grafted nodes: on LOOKUP_PROMPT lookup grafts a path most steps and the
+    target accepts grafted tokens in a good share of them (so the chi-square cases exercise the point-mass rule)."""
+    params = SamplingParams(temperature=0.9)
+    for case in ("draft_model_dynamic_lookup", "table_tree_lookup", "eagle3_chain_lookup"):
+        u = _cases(models)[case]()
+        reqs = [Request(id=str(i), prompt="", prompt_ids=list(LOOKUP_PROMPT)) for i in range(64)]
+        Engine(models[0].model, models[0].tokenizer, batch_size=64, stop=StopCriteria(frozenset(), L), params=params,
+               seed=0, progress=False, drafter=u, k=K).run(reqs)
+        s = u.stats
+        print(case, s)
+        assert s["grafted"] > 0.3 * s["row_steps"] and s["won"] > 0.08 * s["row_steps"], (case, s)
 
 
 def test_nucleus_chain_is_lossless(models):

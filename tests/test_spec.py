@@ -153,7 +153,7 @@ class CheckingEngine(Engine):
         out = super()._step(slots)
         st, m = self.state, self.target
         lens = st.seq_lens.tolist()
-        d = self.drafter
+        d = getattr(self.drafter, "inner", self.drafter)  # under method.lookup, the drafter it wraps
         d_lens = d.cache.seq_lens.tolist() if isinstance(d, DraftModelDrafter) else None
         nacc = out[0].num_accepted.tolist()
         tok = out[0].tokens.tolist()

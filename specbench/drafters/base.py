@@ -79,6 +79,8 @@ class FinalStateDrafter:
     After the prefill it is the last prompt position's; after a verify step the state at the last accepted
     node (or the root). Subclasses call `track(target, batch_size)` in setup."""
 
+    refeeds_path = True  # the state comes from the target at any accepted node (`method.lookup` may graft some)
+
     def track(self, target, batch_size: int) -> None:
         self.target, self.device = target, target.device
         self.hidden_layers = (target.config.num_layers,)  # the last layer's output; normed here

@@ -103,6 +103,12 @@ class DraftModelDrafter:
     def is_tree(self) -> bool:
         return self.widths is not None or self.topk is not None
 
+    @property
+    def refeeds_path(self) -> bool:
+        """A tree's commit re-feeds the accepted path, whoever drafted it (`method.lookup`); a chain's assumes
+        its own drafts are cached."""
+        return self.is_tree
+
     def pool_size(self, k: int) -> int:
         """Candidates a dynamic tree of depth k chooses from: topk at depth 1, topk² below."""
         return self.topk + (k - 1) * self.topk * self.topk

@@ -48,6 +48,7 @@ SHIPPED = {3: WEIGHTS / "smollm2-135m-eagle3"}  # heads trained here for the emb
 
 class EagleDrafter:
     max_draft_len: int
+    refeeds_path = True  # commit re-feeds the accepted path with the target's features (any path: method.lookup)
 
     def __init__(self, path: str | None = None, version: int = 3, tree: dict | None = None, max_draft_len: int = 16,
                  temperature: float | None = None, aux_layers: list[int] | None = None, aux_convention: str = "auto",

@@ -88,3 +88,141 @@ class NgramDrafter:
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
         self.history.commit(verdict)
+
+
+def graft(tokens: list[int], parents: list[int], chain: list[int]) -> list[tuple[int, int]]:
+    """The nodes to append so a tree (parents before children, -1 = the root) also holds `chain` as a path from
+    the root: follow the chain down existing nodes while a child carries its next token, then hang the rest
+    below as new nodes. Returns (token, parent) per new node, in order; the first new node's parent is an
+    existing node (or -1), each later one's the new node before it (at index len(tokens) + j - 1).
+
+    Example: tokens [5, 6, 7], parents [-1, -1, 0] (5 → 7, and 6) and chain [5, 7, 9, 4]: 5 and 7 are there,
+    so [(9, 2), (4, 3)] — 9 under node 2, 4 under the new node 3."""
+    kids = {(p, t): n for n, (t, p) in enumerate(zip(tokens, parents))}
+    cur = -1
+    for i, t in enumerate(chain):
+        nxt = kids.get((cur, t))
+        if nxt is None:
+            base = len(tokens)
+            return [(t, cur)] + [(u, base + j) for j, u in enumerate(chain[i + 1:])]
+        cur = nxt
+    return []
+
+
+class LookupUnion:
+    """Prompt lookup drafted alongside another drafter (`method.lookup.max_n`): each step the inner drafter's
+    tree, plus the context's n-gram continuation (up to k tokens, as `method=ngram` finds it) grafted onto it as
+    one more path (`graft`: shared prefixes are merged), go to the target in one verify forward. Greedy keeps
+    the longest accepted path of the union, so a step accepts at least what either part alone would.
+
+    Sampling stays lossless: a grafted node is appended after every node of the inner tree, so it is the last
+    child its parent tries, with a point-mass q. Once its drafted siblings are rejected the residual p' is exactly
+    the target's distribution of what remains, and testing one more token x against it (accept with p'(x), else
+    draw from p' without x) keeps it exact. Merging shared prefixes keeps a token from appearing twice among
+    siblings (a rejected token has no residual mass left, so a duplicate would only cost a verified node).
+
+    The inner drafter must rebuild its own state from whatever path was accepted (`refeeds_path`: EAGLE heads,
+    Medusa, the MLP speculator, the draft model as a tree); its nodes and q are passed through untouched."""
+
+    hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, inner, min_n: int = 2, max_n: int = 4, name: str = "") -> None:
+        for key, v in (("min_n", min_n), ("max_n", max_n)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise UserError(f"method.lookup.{key}={v!r}: an integer >= 1 (method.lookup.max_n null = no lookup)")
+        if not 1 <= min_n <= max_n:
+            raise UserError(f"method.lookup.min_n={min_n}, max_n={max_n}: need 1 <= min_n <= max_n")
+        if not getattr(inner, "refeeds_path", False):
+            hint = (" as a chain: give it a tree (method.tree.topk=..., or method.drafter.tree=[1,1,1,1] for a "
+                    "chain that re-feeds)" if name == "draft_model" else "")
+            raise UserError(f"method.lookup.max_n={max_n}: method={name or type(inner).__name__} cannot take "
+                            f"tokens it did not draft{hint}; valid with eagle, eagle3, medusa, mlp_speculator and "
+                            "draft_model trees")
+        self.inner, self.min_n, self.max_n = inner, min_n, max_n
+        self.max_draft_len = inner.max_draft_len
+        self.hidden_layers = inner.hidden_layers
+        self.stats = dict.fromkeys(("row_steps", "matched", "grafted", "won", "accepted_grafted"), 0)
+
+    def __getattr__(self, name):  # what the run reads off a drafter (shardable, path, ...) is the inner one's
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def max_nodes(self, k: int) -> int:
+        return self.inner.max_nodes(k) + k
+
+    def setup(self, target, batch_size: int, max_len: int, k: int, params, gen) -> None:
+        self.inner.setup(target, batch_size, max_len, k, params, gen)
+        self.hidden_layers = self.inner.hidden_layers  # some drafters resolve theirs at setup
+        self.device = target.device
+        self.history = HostHistory(batch_size)
+        self.first_graft = [0] * batch_size
+        self.stats = dict.fromkeys(self.stats, 0)  # per run (a warm-up run uses the same drafter)
+
+    def prefill(self, rows: list[int], admitted: Admitted, target_out) -> None:
+        self.inner.prefill(rows, admitted, target_out)
+        self.history.prefill(rows, admitted)
+
+    def propose(self, state: BatchState) -> DraftTree:
+        tree = self.inner.propose(state)
+        histories = self.history.active(state)
+        chains = [lookup(h, state.k, self.min_n, self.max_n) if h else [] for h in histories]
+        B, N = tree.tokens.shape
+        lens = tree.lens.tolist()
+        self.first_graft = lens  # node ids from here on are grafted, per row (for the statistics)
+        self.stats["row_steps"] += sum(1 for h in histories if h)
+        self.stats["matched"] += sum(1 for c in chains if c)
+        if not any(chains):
+            return tree
+        toks, pars = tree.tokens.tolist(), tree.parents.tolist()
+        extra = [graft(toks[b][: lens[b]], pars[b][: lens[b]], chains[b]) if chains[b] else [] for b in range(B)]
+        self.stats["grafted"] += sum(1 for e in extra if e)
+        if not any(extra):  # every chain is already a path of the tree
+            return tree
+        N2 = max(N, max(lens[b] + len(extra[b]) for b in range(B)))
+        depth, kids = tree.depth, tree.width
+        for b, e in enumerate(extra):
+            if not e:
+                continue
+            row_t, row_p = toks[b][: lens[b]], pars[b][: lens[b]]
+            d = []
+            for p in row_p:
+                d.append(1 if p < 0 else d[p] + 1)
+            n_kids = [0] * (lens[b] + len(e) + 1)  # index 0 = the root
+            for p in row_p:
+                n_kids[p + 1] += 1
+            for t, p in e:
+                d.append(1 if p < 0 else d[p] + 1)
+                n_kids[p + 1] += 1
+                row_t.append(t)
+                row_p.append(p)
+            depth, kids = max(depth, max(d)), max(kids, max(n_kids))
+            toks[b] = row_t + [PAD_ID] * (N2 - len(row_t))
+            pars[b] = row_p + [-1] * (N2 - len(row_p))
+        for b in range(B):
+            if not extra[b] and N2 > N:
+                toks[b] = toks[b] + [PAD_ID] * (N2 - N)
+                pars[b] = pars[b] + [-1] * (N2 - N)
+        dev = tree.tokens.device
+        new_lens = torch.tensor([lens[b] + len(extra[b]) for b in range(B)], dtype=torch.long)
+        probs = tree.probs
+        if probs is not None:  # a grafted node's q is a point mass on its token
+            probs = torch.cat([probs, probs.new_zeros(B, N2 - N, probs.shape[-1])], 1) if N2 > N else probs.clone()
+            for b, e in enumerate(extra):
+                for j, (t, _) in enumerate(e):
+                    probs[b, lens[b] + j].zero_()[t] = 1.0
+        return DraftTree(torch.tensor(toks, dtype=torch.long).to(dev), torch.tensor(pars, dtype=torch.long).to(dev),
+                         new_lens.to(dev), probs, False, depth, kids)
+
+    def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
+        self.inner.commit(verdict, state, target_out)
+        nodes = verdict.accepted_nodes.tolist()
+        for b, row in enumerate(nodes):
+            n = sum(1 for v in row if v >= self.first_graft[b])
+            self.stats["won"] += n > 0
+            self.stats["accepted_grafted"] += n
+        self.history.commit(verdict)
+
+    def describe(self) -> dict:
+        info = self.inner.describe() if hasattr(self.inner, "describe") else {}
+        return {**info, "lookup": {"min_n": self.min_n, "max_n": self.max_n, **self.stats}}

@@ -37,4 +37,5 @@ def shard_drafter(drafter, topo: Topology, method: str) -> None:
                         f"(only method=draft_model does); valid: parallel.draft_tp=1")
     from specbench.parallel import tp
 
+    drafter = getattr(drafter, "inner", drafter)  # under method.lookup, the drafter it wraps
     drafter.transform = lambda m: tp.shard(m, topo.tp_rank, topo.tp, topo.comm, topo.draft_group)
