@@ -5,10 +5,12 @@ section 36.
 16 MT-bench first turns, bf16, greedy, batch 1, no per-run baseline): each round runs target-only (`none`) first, then the chain and the trees back
 to back, so each setting's speedup is its tokens/s over the same round's target-only run (adjacent runs share the
 machine's state; this 2-core machine's speed drifts ±10 % between minutes). n-gram lookup ran once, in round 1.
-`all80/` holds one run each on all 80 first turns (no target-only runs: τ and τ per category only).
+`all80/` holds one run each on all 80 first turns (no target-only runs: τ and τ per category only). Several
+folders are read as one (section 37: `results/lookup/all80` next to this section's `all80`); runs with prompt lookup
+grafted onto their trees (`method.lookup`) get a table of what the grafts contributed.
 
     experiments/results/dynamic_tree/rounds.sh                 # the runs (~30 min); all80.sh (~20 min)
-    python experiments/dynamic_tree.py [experiments/results/dynamic_tree/rounds]
+    python experiments/dynamic_tree.py [FOLDER ...]            # default: experiments/results/dynamic_tree/rounds
 """
 
 from __future__ import annotations
@@ -23,15 +25,20 @@ from dynamic_length import _read  # noqa: E402
 
 
 def main() -> None:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).parent / "results" / "dynamic_tree" / "rounds")
+    roots = [Path(a) for a in sys.argv[1:]] or [Path(__file__).parent / "results" / "dynamic_tree" / "rounds"]
     runs: dict[str, dict[str, dict]] = {}
     cats: dict[str, dict[str, float]] = {}
-    for p in sorted(root.iterdir()):
+    grafts: dict[str, dict] = {}
+    for p in sorted(p for root in roots for p in root.iterdir()):
         if (p / "results.json").is_file():
             r, _, setting = p.name.split("_", 2)
             runs.setdefault(setting, {})[r] = _read(p)
+            doc = json.loads((p / "results.json").read_text())
+            lookup = ((doc.get("config") or {}).get("drafter") or {}).get("lookup")
+            if r == "r1" and lookup and "row_steps" in lookup:
+                grafts[setting] = {**lookup, "steps": runs[setting][r]["steps"]}
             if r == "r1":
-                pc = json.loads((p / "results.json").read_text()).get("per_category", {})
+                pc = doc.get("per_category", {})
                 tau = {c: v["acceptance"]["mean_acceptance_length"] for c, v in pc.items()}
                 if all(t is not None for t in tau.values()):  # target-only has none
                     cats[setting] = tau
@@ -67,6 +74,15 @@ def main() -> None:
         above = ["-" if s in ngram else f"{len(won[g])} / {len(names)}" + (" (overall too)" if overall[s] > overall[g] else "")
                  for g in ngram]
         print(f"| {s} | " + " | ".join(cells) + f" | {overall[s]:.3f} | " + " | ".join(above) + " |")
+    if grafts:
+        print("\nPrompt lookup grafted onto the trees (round 1; shares of the target steps):\n")
+        print("| setting | lookup matched | a path grafted | a grafted token accepted | grafted tokens accepted "
+              "per step |")
+        print("|---|---:|---:|---:|---:|")
+        for s, g in grafts.items():
+            n = g["row_steps"]
+            print(f"| {s} | {g['matched'] / n:.0%} | {g['grafted'] / n:.0%} | {g['won'] / n:.0%} | "
+                  f"{g['accepted_grafted'] / n:.3f} |")
 
 
 if __name__ == "__main__":

@@ -114,3 +114,17 @@ def test_cost_model_counts_the_tokens_actually_drafted():
     m = cost_model(doc)
     assert m["c"] == pytest.approx(0.4) and m["pred_tau"] == pytest.approx(1.1)
     assert m["verify_over_step"] == pytest.approx(1.2) and m["pred_iid"] == pytest.approx(0.5)  # α = 0: 1 / 2
+
+
+def test_method_labels():
+    from specbench.report.report import Row
+
+    def label(drafter, name="draft_model"):
+        return Row(None, {"config": {"method": {"name": name}, "drafter": drafter}}).method
+
+    assert label({"tree": {"topk": 3, "num_draft_tokens": 10}}) == "draft_model tree 3x10"
+    assert label({"tree": {"topk": 3, "num_draft_tokens": 10}, "lookup": {"min_n": 2, "max_n": 4}}) == \
+        "draft_model tree 3x10 + lookup"
+    assert label({"tree": None, "lookup": {"min_n": 2, "max_n": 4}}, "eagle3") == "eagle3 + lookup"
+    assert label({"tree": "cpu_12", "tree_nodes": 12}, "medusa") == "medusa tree cpu_12 (12 nodes)"
+    assert label(None, "none") == "none"

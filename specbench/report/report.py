@@ -29,8 +29,11 @@ class Row:
 
     @property
     def method(self) -> str:
-        name = self.doc["config"].get("method", {}).get("name", "?")
         drafter = self.doc["config"].get("drafter") or {}
+        return self._shape(drafter) + (" + lookup" if drafter.get("lookup") else "")
+
+    def _shape(self, drafter: dict) -> str:
+        name = self.doc["config"].get("method", {}).get("name", "?")
         tree = drafter.get("tree")
         if isinstance(tree, dict):  # EAGLE-2 dynamic tree
             return f"{name} tree {tree['topk']}x{tree['num_draft_tokens']}" if tree.get("topk") else name
