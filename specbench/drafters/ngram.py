@@ -156,7 +156,7 @@ class LookupUnion:
         self.hidden_layers = self.inner.hidden_layers  # some drafters resolve theirs at setup
         self.device = target.device
         self.history = HostHistory(batch_size)
-        self.first_graft = [0] * batch_size
+        self.first_graft = None
         self.stats = dict.fromkeys(self.stats, 0)  # per run (a warm-up run uses the same drafter)
 
     def prefill(self, rows: list[int], admitted: Admitted, target_out) -> None:
@@ -167,18 +167,19 @@ class LookupUnion:
         tree = self.inner.propose(state)
         histories = self.history.active(state)
         chains = [lookup(h, state.k, self.min_n, self.max_n) if h else [] for h in histories]
-        B, N = tree.tokens.shape
-        lens = tree.lens.tolist()
-        self.first_graft = lens  # node ids from here on are grafted, per row (for the statistics)
         self.stats["row_steps"] += sum(1 for h in histories if h)
         self.stats["matched"] += sum(1 for c in chains if c)
-        if not any(chains):
+        self.first_graft = None  # per row: node ids from here on are grafted (None: nothing grafted this step)
+        if not any(chains):  # the drafter's tree as it is, without reading it back
             return tree
+        B, N = tree.tokens.shape
+        lens = tree.lens.tolist()  # the one host read of the drafter's tree, on steps where lookup matched
         toks, pars = tree.tokens.tolist(), tree.parents.tolist()
         extra = [graft(toks[b][: lens[b]], pars[b][: lens[b]], chains[b]) if chains[b] else [] for b in range(B)]
         self.stats["grafted"] += sum(1 for e in extra if e)
         if not any(extra):  # every chain is already a path of the tree
             return tree
+        self.first_graft = lens
         N2 = max(N, max(lens[b] + len(extra[b]) for b in range(B)))
         depth, kids = tree.depth, tree.width
         for b, e in enumerate(extra):
@@ -216,11 +217,11 @@ class LookupUnion:
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
         self.inner.commit(verdict, state, target_out)
-        nodes = verdict.accepted_nodes.tolist()
-        for b, row in enumerate(nodes):
-            n = sum(1 for v in row if v >= self.first_graft[b])
-            self.stats["won"] += n > 0
-            self.stats["accepted_grafted"] += n
+        if self.first_graft is not None:
+            for b, row in enumerate(verdict.accepted_nodes.tolist()):
+                n = sum(1 for v in row if v >= self.first_graft[b])
+                self.stats["won"] += n > 0
+                self.stats["accepted_grafted"] += n
         self.history.commit(verdict)
 
     def describe(self) -> dict:
