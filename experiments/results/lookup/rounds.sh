@@ -17,3 +17,12 @@ for r in ${ROUNDS-1 2 3}; do
   run r${r}_4_eagle3_k3 method=eagle3 k=3
   run r${r}_5_eagle3_k3_lookup method=eagle3 k=3 $lk
 done
+# rounds 4-6 (run later the same session): target-only, EAGLE-3's chain without and with lookup, the draft tree
+# with lookup, and EAGLE-3's 16-node tree (k = 5) with lookup
+for r in ${EXTRA_ROUNDS-4 5 6}; do
+  run r${r}_0_none method=none
+  run r${r}_4_eagle3_k3 method=eagle3 k=3
+  run r${r}_5_eagle3_k3_lookup method=eagle3 k=3 $lk
+  run r${r}_2_dyn_3x10_lookup $dyn $lk
+  run r${r}_6_eagle3_tree_k5_4x16_lookup method=eagle3 k=5 method.tree.topk=4 method.tree.num_draft_tokens=16 $lk
+done
