@@ -117,12 +117,18 @@ def build_drafter(cfg: DictConfig):
     if cfg.k > drafter.max_draft_len:
         raise UserError(f"k={cfg.k}: method={cfg.method.name} supports k <= {drafter.max_draft_len} "
                         f"(method.drafter.max_draft_len)")
-    lk = cfg.method.get("lookup")
-    if lk is not None and lk.get("max_n") is not None:  # prompt lookup grafted onto the drafter's tree
+    lk = _lookup(cfg)
+    if lk is not None:  # prompt lookup grafted onto the drafter's tree
         from specbench.drafters.ngram import LookupUnion
 
         drafter = LookupUnion(drafter, lk.get("min_n", 2), lk.max_n, str(cfg.method.name))
     return drafter
+
+
+def _lookup(cfg: DictConfig):
+    """`method.lookup` when it is on (max_n set), else None."""
+    lk = cfg.method.get("lookup")
+    return lk if lk is not None and lk.get("max_n") is not None else None
 
 
 def drafter_info(cfg: DictConfig) -> dict | None:
@@ -130,8 +136,8 @@ def drafter_info(cfg: DictConfig) -> dict | None:
     if node is None:
         return None
     info = OmegaConf.to_container(node, resolve=True)
-    lk = cfg.method.get("lookup")
-    lookup = {"lookup": OmegaConf.to_container(lk)} if lk is not None and lk.get("max_n") is not None else {}
+    lk = _lookup(cfg)
+    lookup = {"lookup": OmegaConf.to_container(lk)} if lk is not None else {}
     return {"name": cfg.method.name, **{k: v for k, v in info.items() if k != "_target_"},
             "class": info.get("_target_"), **lookup}
 

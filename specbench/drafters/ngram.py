@@ -122,9 +122,8 @@ class LookupUnion:
     siblings (a rejected token has no residual mass left, so a duplicate would only cost a verified node).
 
     The inner drafter must rebuild its own state from whatever path was accepted (`refeeds_path`: EAGLE heads,
-    Medusa, the MLP speculator, the draft model as a tree); its nodes and q are passed through untouched."""
-
-    hidden_layers: tuple[int, ...] = ()
+    Medusa, the MLP speculator, the draft model as a tree); its nodes and q are passed through untouched. Every
+    other attribute the run reads (hidden_layers, max_draft_len, shardable, ...) is the inner drafter's."""
 
     def __init__(self, inner, min_n: int = 2, max_n: int = 4, name: str = "") -> None:
         for key, v in (("min_n", min_n), ("max_n", max_n)):
@@ -139,9 +138,18 @@ class LookupUnion:
                             f"tokens it did not draft{hint}; valid with eagle, eagle3, medusa, mlp_speculator and "
                             "draft_model trees")
         self.inner, self.min_n, self.max_n = inner, min_n, max_n
-        self.max_draft_len = inner.max_draft_len
-        self.hidden_layers = inner.hidden_layers
-        self.stats = dict.fromkeys(("row_steps", "matched", "grafted", "won", "accepted_grafted"), 0)
+        self._reset()
+
+    def _reset(self) -> None:
+        """Per run (a warm-up run uses the same drafter): host counts, and the accepted-graft counts kept on the
+        device (commit adds to them without reading the verdict back)."""
+        self.counts = dict.fromkeys(("row_steps", "matched", "grafted"), 0)
+        self.won = self.accepted_grafted = 0
+        self.first_graft = None
+
+    @property
+    def stats(self) -> dict:
+        return {**self.counts, "won": int(self.won), "accepted_grafted": int(self.accepted_grafted)}
 
     def __getattr__(self, name):  # what the run reads off a drafter (shardable, path, ...) is the inner one's
         if name == "inner":
@@ -153,11 +161,8 @@ class LookupUnion:
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params, gen) -> None:
         self.inner.setup(target, batch_size, max_len, k, params, gen)
-        self.hidden_layers = self.inner.hidden_layers  # some drafters resolve theirs at setup
-        self.device = target.device
         self.history = HostHistory(batch_size)
-        self.first_graft = None
-        self.stats = dict.fromkeys(self.stats, 0)  # per run (a warm-up run uses the same drafter)
+        self._reset()
 
     def prefill(self, rows: list[int], admitted: Admitted, target_out) -> None:
         self.inner.prefill(rows, admitted, target_out)
@@ -167,61 +172,52 @@ class LookupUnion:
         tree = self.inner.propose(state)
         histories = self.history.active(state)
         chains = [lookup(h, state.k, self.min_n, self.max_n) if h else [] for h in histories]
-        self.stats["row_steps"] += sum(1 for h in histories if h)
-        self.stats["matched"] += sum(1 for c in chains if c)
-        self.first_graft = None  # per row: node ids from here on are grafted (None: nothing grafted this step)
+        self.counts["row_steps"] += sum(1 for h in histories if h)
+        self.counts["matched"] += sum(1 for c in chains if c)
+        self.first_graft = None  # [B]: node ids from here on are grafted (None: nothing grafted this step)
         if not any(chains):  # the drafter's tree as it is, without reading it back
             return tree
         B, N = tree.tokens.shape
         lens = tree.lens.tolist()  # the one host read of the drafter's tree, on steps where lookup matched
         toks, pars = tree.tokens.tolist(), tree.parents.tolist()
         extra = [graft(toks[b][: lens[b]], pars[b][: lens[b]], chains[b]) if chains[b] else [] for b in range(B)]
-        self.stats["grafted"] += sum(1 for e in extra if e)
+        self.counts["grafted"] += sum(1 for e in extra if e)
         if not any(extra):  # every chain is already a path of the tree
             return tree
-        self.first_graft = lens
+        self.first_graft = tree.lens
         N2 = max(N, max(lens[b] + len(extra[b]) for b in range(B)))
         depth, kids = tree.depth, tree.width
+        at = ([], [], [])  # (row, node, token) of every grafted node
         for b, e in enumerate(extra):
-            if not e:
-                continue
-            row_t, row_p = toks[b][: lens[b]], pars[b][: lens[b]]
-            d = []
-            for p in row_p:
-                d.append(1 if p < 0 else d[p] + 1)
-            n_kids = [0] * (lens[b] + len(e) + 1)  # index 0 = the root
-            for p in row_p:
-                n_kids[p + 1] += 1
-            for t, p in e:
-                d.append(1 if p < 0 else d[p] + 1)
-                n_kids[p + 1] += 1
-                row_t.append(t)
-                row_p.append(p)
-            depth, kids = max(depth, max(d)), max(kids, max(n_kids))
-            toks[b] = row_t + [PAD_ID] * (N2 - len(row_t))
-            pars[b] = row_p + [-1] * (N2 - len(row_p))
-        for b in range(B):
-            if not extra[b] and N2 > N:
-                toks[b] = toks[b] + [PAD_ID] * (N2 - N)
-                pars[b] = pars[b] + [-1] * (N2 - N)
+            if e:  # the new nodes' depths (parents come first) and the widest parent they hang under
+                row_p = pars[b][: lens[b]]
+                d = []
+                for p in row_p + [p for _, p in e]:
+                    d.append(1 if p < 0 else d[p] + 1)
+                n_kids = [0] * (len(d) + 1)  # index 0 = the root
+                for p in row_p + [p for _, p in e]:
+                    n_kids[p + 1] += 1
+                depth, kids = max(depth, max(d[lens[b]:])), max(kids, max(n_kids))
+                for j, (t, p) in enumerate(e):
+                    at[0].append(b), at[1].append(lens[b] + j), at[2].append(t)
+            toks[b] = toks[b][: lens[b]] + [t for t, _ in e] + [PAD_ID] * (N2 - lens[b] - len(e))
+            pars[b] = pars[b][: lens[b]] + [p for _, p in e] + [-1] * (N2 - lens[b] - len(e))
         dev = tree.tokens.device
-        new_lens = torch.tensor([lens[b] + len(extra[b]) for b in range(B)], dtype=torch.long)
         probs = tree.probs
         if probs is not None:  # a grafted node's q is a point mass on its token
             probs = torch.cat([probs, probs.new_zeros(B, N2 - N, probs.shape[-1])], 1) if N2 > N else probs.clone()
-            for b, e in enumerate(extra):
-                for j, (t, _) in enumerate(e):
-                    probs[b, lens[b] + j].zero_()[t] = 1.0
-        return DraftTree(torch.tensor(toks, dtype=torch.long).to(dev), torch.tensor(pars, dtype=torch.long).to(dev),
-                         new_lens.to(dev), probs, False, depth, kids)
+            rows, nodes = torch.tensor(at[0], device=dev), torch.tensor(at[1], device=dev)
+            probs[rows, nodes] = 0.0
+            probs[rows, nodes, torch.tensor(at[2], device=dev)] = 1.0
+        return DraftTree(torch.tensor(toks, dtype=torch.long, device=dev), torch.tensor(pars, dtype=torch.long, device=dev),
+                         tree.lens + torch.tensor([len(e) for e in extra], device=dev), probs, False, depth, kids)
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
         self.inner.commit(verdict, state, target_out)
-        if self.first_graft is not None:
-            for b, row in enumerate(verdict.accepted_nodes.tolist()):
-                n = sum(1 for v in row if v >= self.first_graft[b])
-                self.stats["won"] += n > 0
-                self.stats["accepted_grafted"] += n
+        if self.first_graft is not None:  # accepted grafted nodes, counted on the device
+            g = verdict.accepted_nodes >= self.first_graft[:, None]  # padding (-1) is never >= a length
+            self.won = self.won + g.any(1).sum()
+            self.accepted_grafted = self.accepted_grafted + g.sum()
         self.history.commit(verdict)
 
     def describe(self) -> dict:
