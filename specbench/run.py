@@ -114,14 +114,21 @@ def build_drafter(cfg: DictConfig):
         if isinstance(cause, UserError):
             raise cause from None
         raise
-    if cfg.k > drafter.max_draft_len:
-        raise UserError(f"k={cfg.k}: method={cfg.method.name} supports k <= {drafter.max_draft_len} "
-                        f"(method.drafter.max_draft_len)")
     lk = _lookup(cfg)
     if lk is not None:  # prompt lookup grafted onto the drafter's tree
         from specbench.drafters.ngram import LookupUnion
 
-        drafter = LookupUnion(drafter, lk.get("min_n", 2), lk.max_n, str(cfg.method.name))
+        drafter = LookupUnion(drafter, lk.get("min_n", 2), lk.max_n, str(cfg.method.name), lk.get("drafter_k"))
+        if drafter.drafter_k is not None and drafter.drafter_k > cfg.k:
+            raise UserError(f"method.lookup.drafter_k={drafter.drafter_k} > k={cfg.k}: the drafter's own depth is at "
+                            "most k (k = the longest path verified, lookup's included)")
+    elif (cfg.method.get("lookup") or {}).get("drafter_k") is not None:
+        raise UserError(f"method.lookup.drafter_k={cfg.method.lookup.drafter_k} needs prompt lookup on "
+                        "(method.lookup.max_n=4, say): without it the drafter's depth is k")
+    if cfg.k > drafter.max_draft_len:
+        limit = ("a lookup chain's limit" if getattr(drafter, "drafter_k", None) is not None
+                 else "method.drafter.max_draft_len")
+        raise UserError(f"k={cfg.k}: method={cfg.method.name} supports k <= {drafter.max_draft_len} ({limit})")
     return drafter
 
 

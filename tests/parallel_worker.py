@@ -4,7 +4,7 @@
     torchrun --nproc-per-node 2 tests/parallel_worker.py SPEC.json OUT   # spec's tp / pp
 
 SPEC: {"target": folder, "tp", "pp", "async", "bounds", "heads": {name: folder}, "eos": [ids], "prompts": [[ids]],
-       "cases": [{"name", "method", "k", "batch", "max_new", "temperature", "seed", "tree", "draft_tp", "lookup"}]}
+       "cases": [{"name", "method", "k", "batch", "max_new", "temperature", "seed", "tree", "draft_tp", "lookup", "drafter_k"}]}
 OUT.rank<r>.json: {case name: {"ids": [[...]], "acc": [[...]], "plans": [[planned, accepted], ...] | null}}.
 `fail_rank` / `fail_step` (optional): that rank exits with status 1 at that step of the first case (a rank that
 dies mid-run, for the hang test).
@@ -37,7 +37,7 @@ def drafter_for(case: dict, spec: dict, full):
     d = _drafter(case, spec, full)
     if case.get("lookup"):  # method.lookup: prompt lookup grafted onto the drafter's tree
         from specbench.drafters.ngram import LookupUnion
-        d = LookupUnion(d, 1, 3)
+        d = LookupUnion(d, 1, 3, drafter_k=case.get("drafter_k"))
     return d
 
 

@@ -78,6 +78,13 @@ def test_run_writes_results_contract(tmp_path, tiny_dir):
         (["method=draft_model", "method.lookup.max_n=4"], "method.lookup.max_n=4: method=draft_model cannot take "
          "tokens it did not draft as a chain"),
         (["method=eagle3", "method.lookup.max_n=2", "method.lookup.min_n=3"], "method.lookup.min_n=3, max_n=2"),
+        (["method=eagle3", "method.lookup.drafter_k=2"], "method.lookup.drafter_k=2 needs prompt lookup on"),
+        (["method=eagle3", "k=3", "method.lookup.max_n=4", "method.lookup.drafter_k=4"],
+         "method.lookup.drafter_k=4 > k=3: the drafter's own depth is at most k"),
+        (["method=eagle3", "k=8", "method.drafter.max_draft_len=4", "method.lookup.max_n=4",
+          "method.lookup.drafter_k=5"], "method.lookup.drafter_k=5: method=eagle3 supports a depth <= 4"),
+        (["method=eagle3", "method.lookup.max_n=4", "method.lookup.drafter_k=0"], "method.lookup.drafter_k=0: an "
+         "integer >= 1"),
     ],
 )
 def test_bad_input_exits_2(tmp_path, args, needle):

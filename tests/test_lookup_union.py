@@ -4,13 +4,16 @@ grafted paths that the target accepts (losslessness of sampling: test_lossless.p
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from specbench.core.types import PAD_ID, DraftTree, Verdict
+from specbench.core.types import PAD_ID, BatchState, DraftTree, Verdict
+from conftest import make_eagle_head
 from specbench.drafters.draft_model import DraftModelDrafter
+from specbench.drafters.eagle import EagleDrafter
 from specbench.drafters.ngram import LookupUnion, graft
 from specbench.errors import UserError
 from test_spec import PROMPTS, CheckingEngine, _run, tiny, tiny_draft  # noqa: F401 - fixtures
@@ -41,10 +44,11 @@ class FixedTree:
     def max_nodes(self, k):
         return self.tree.num_nodes
 
-    def setup(self, *a):
-        pass
+    def setup(self, *a, **kw):
+        self.setup_args = (a[3], kw)  # (k, path_len)
 
     def propose(self, state):
+        self.proposed_k = state.k
         return self.tree
 
     def commit(self, *a):
@@ -138,3 +142,73 @@ def test_lookup_is_validated(tiny_draft):  # noqa: F811
     with pytest.raises(UserError, match=r"method.lookup.max_n=True: an integer"):
         LookupUnion(tree, 1, True)
     assert LookupUnion(tree, 1, 2).max_nodes(2) == 2 + 2
+
+
+def test_union_deeper_than_the_drafter_by_hand():
+    """drafter_k=1 in a k=4 run: the drafter drafts depth 1 and is set up for accepted paths of 4; lookup's chain
+    runs 4 deep below it."""
+    tree = DraftTree(torch.tensor([[5, 6]]), torch.tensor([[-1, -1]]), torch.tensor([2]), None, False, 1, 2)
+    inner = FixedTree(tree)
+    u = LookupUnion(inner, 1, 2, drafter_k=1)
+    assert u.max_nodes(4) == 2 + 4 and u.max_draft_len == 16
+    u.setup(SimpleNamespace(device=CPU), 1, 64, 4, None, None)
+    assert inner.setup_args == (1, {"path_len": 4})
+    u.history.rows = [[3, 5, 8, 9, 4, 3]]  # [4, 3] unseen; [3] at 0: lookup [5, 8, 9, 4], 4 = k tokens
+    t = u.propose(BatchState(torch.tensor([5]), torch.tensor([[3]]), torch.tensor([1]), 5, k=4))
+    assert inner.proposed_k == 1
+    # 5 is the drafter's node 0: 8, 9, 4 hang below it, down to depth 4 (> the drafter's 1, = k)
+    assert t.tokens.tolist() == [[5, 6, 8, 9, 4]] and t.parents.tolist() == [[-1, -1, 0, 2, 3]]
+    assert (t.depth, t.width, t.lens.tolist()) == (4, 2, [5])
+    assert t.contract_errors(4, u.max_nodes(4)) == []
+
+
+def _eagle(tiny_dir, tmp_path, drafter_k):
+    make_eagle_head(tmp_path / "e3", json.loads((tiny_dir / "config.json").read_text()), draft_vocab=300,
+                    aux_ids=[0, 1, 2], fmt="specforge")
+    return LookupUnion(EagleDrafter(path=str(tmp_path / "e3")), 1, 3, drafter_k=drafter_k)
+
+
+@pytest.mark.parametrize("batch_size", [1, 3])
+def test_greedy_identical_with_lookup_deeper_than_the_drafter(tiny, tiny_dir, tiny_draft, tmp_path,  # noqa: F811
+                                                              batch_size):
+    """drafter_k=1 and 2 under k=5: EAGLE-3's chain and the draft model's dynamic tree draft 1-2 deep, lookup's
+    chain 5 deep. Token-identical to target-only decoding, and steps accepted more tokens than the drafter
+    drafts (only grafted paths reach there), with fewer target steps than the same union at k = drafter_k."""
+    _, ref = _run(tiny, max_new=32)
+    for make in (lambda d: _eagle(tiny_dir, tmp_path, d),
+                 lambda d: LookupUnion(DraftModelDrafter(model=tiny_draft.model, dynamic={"topk": 2, "num_draft_tokens": 4}),
+                                       1, 3, drafter_k=d)):
+        for d in (1, 2):
+            u = make(d)
+            _, res = _run(tiny, u, k=5, batch_size=batch_size, max_new=32)
+            assert [r.output_ids for r in res] == [r.output_ids for r in ref], d
+            deep = sum(n > d for r in res for n in r.accepted_per_step)
+            assert deep >= 3 and u.stats["won"] >= deep, (d, deep, u.stats)
+            assert u.describe()["lookup"]["drafter_k"] == d
+            _, shallow = _run(tiny, make(None), k=d, batch_size=batch_size, max_new=32)
+            assert sum(len(r.accepted_per_step) for r in res) < sum(len(r.accepted_per_step) for r in shallow), d
+
+
+def test_caches_equal_fresh_prefill_with_deeper_lookup(tiny, tiny_draft):  # noqa: F811
+    """The draft model's cache re-fed after accepted paths deeper than its own tree (drafter_k=1, k=4)."""
+    CheckingEngine.checked = 0
+    u = LookupUnion(DraftModelDrafter(model=tiny_draft.model, dynamic={"topk": 2, "num_draft_tokens": 2}), 1, 3,
+                    drafter_k=1)
+    _, res = _run(tiny, u, k=4, batch_size=2, max_new=20, engine_cls=CheckingEngine)
+    assert CheckingEngine.checked > 10 and sum(n > 1 for r in res for n in r.accepted_per_step) >= 3
+
+
+def test_drafter_k_is_validated(tiny, tiny_draft):  # noqa: F811
+    tree = DraftModelDrafter(model=tiny_draft.model, tree=[1, 1])
+    with pytest.raises(UserError, match=r"method.lookup.drafter_k=0: an integer >= 1"):
+        LookupUnion(tree, 1, 2, drafter_k=0)
+    with pytest.raises(UserError, match=r"method.lookup.drafter_k=17: method=draft_model supports a depth <= 16"):
+        LookupUnion(tree, 1, 2, "draft_model", drafter_k=17)
+    u = LookupUnion(tree, 1, 2, drafter_k=3)
+    with pytest.raises(UserError, match=r"method.lookup.drafter_k=3 > k=2"):
+        u.setup(tiny.model, 1, 64, 2, None, None)
+    # the static tree has 2 depths: drafter_k=3 is beyond it, said in the drafter_k's terms
+    with pytest.raises(UserError, match=r"has 2 depths; k=3 needs k \(method.lookup.drafter_k=3: the drafter's own"):
+        u.setup(tiny.model, 1, 64, 5, None, None)
+    with pytest.raises(UserError, match=r"a draft-model chain re-feeds only its own drafts"):  # a direct caller
+        DraftModelDrafter(model=tiny_draft.model).setup(tiny.model, 1, 64, 2, None, None, path_len=4)

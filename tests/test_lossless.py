@@ -138,6 +138,8 @@ def _cases(models):
             DraftModelDrafter(model=draft.model, dynamic={"topk": 2, "num_draft_tokens": 4}), 1, 2),
         "table_tree_lookup": lambda: LookupUnion(TableTreeDrafter(V, width=2, seed=5, sharpness=1.5), 1, 2),
         "eagle3_chain_lookup": lambda: LookupUnion(EagleDrafter(path=head), 1, 2),
+        # lookup deeper than the drafter: the head drafts 1 token, lookup's chain K
+        "eagle3_chain_deep_lookup": lambda: LookupUnion(EagleDrafter(path=head), 1, 2, drafter_k=1),
     }
 
 
@@ -158,7 +160,7 @@ def _broken_verify(tree, logits, params, gen, rule="auto", draws=None, **kw):
 CASES = ["draft_model_chain", "draft_model_stop", "draft_model_tree", "draft_model_reduced_tree", "draft_model_dynamic",
          "draft_model_reduced", "eagle3_chain", "eagle3_chain_stop",
          "eagle3_tree", "ngram_point_mass", "table_tree", "medusa_tree", "mlp_speculator_chain", "mlp_speculator_tree",
-         "draft_model_dynamic_lookup", "table_tree_lookup", "eagle3_chain_lookup"]
+         "draft_model_dynamic_lookup", "table_tree_lookup", "eagle3_chain_lookup", "eagle3_chain_deep_lookup"]
 
 
 @pytest.mark.slow
@@ -192,7 +194,7 @@ def test_lookup_grafts_are_tried_under_sampling(models):
     """The `*_lookup` cases above test grafted nodes: on LOOKUP_PROMPT lookup grafts a path most steps and the
     target accepts grafted tokens in a good share of them (so the chi-square cases exercise the point-mass rule)."""
     params = SamplingParams(temperature=0.9)
-    for case in ("draft_model_dynamic_lookup", "table_tree_lookup", "eagle3_chain_lookup"):
+    for case in ("draft_model_dynamic_lookup", "table_tree_lookup", "eagle3_chain_lookup", "eagle3_chain_deep_lookup"):
         u = _cases(models)[case]()
         reqs = [Request(id=str(i), prompt="", prompt_ids=list(LOOKUP_PROMPT)) for i in range(64)]
         Engine(models[0].model, models[0].tokenizer, batch_size=64, stop=StopCriteria(frozenset(), L), params=params,

@@ -73,9 +73,9 @@ CASES = [
     dict(name="sample_tree_draft_b3", method="draft_model", batch=3, k=3, temperature=0.8, seed=3, tree=[2, 1, 1]),
     dict(name="dyn_tree_draft_tp_b3", method="draft_model", batch=3, k=3, draft_tp=2,  # EAGLE-2 selection
          tree={"topk": 2, "num_draft_tokens": 5}),
-    # prompt lookup grafted onto a sharded draft's dynamic tree (every drafting rank keeps the histories), and
-    # onto EAGLE-3's sampled chain
-    dict(name="lookup_dyn_draft_tp_b3", method="draft_model", batch=3, k=3, draft_tp=2, lookup=True,
+    # prompt lookup grafted onto a sharded draft's dynamic tree (every drafting rank keeps the histories; the
+    # lookup path runs 4 deep, the draft's tree 2), and onto EAGLE-3's sampled chain
+    dict(name="lookup_dyn_draft_tp_b3", method="draft_model", batch=3, k=4, draft_tp=2, lookup=True, drafter_k=2,
          tree={"topk": 2, "num_draft_tokens": 5}),
     dict(name="sample_lookup_eagle3_b3", method="eagle3", batch=3, k=3, temperature=0.8, seed=5, lookup=True),
 ]

@@ -126,5 +126,7 @@ def test_method_labels():
     assert label({"tree": {"topk": 3, "num_draft_tokens": 10}, "lookup": {"min_n": 2, "max_n": 4}}) == \
         "draft_model tree 3x10 + lookup"
     assert label({"tree": None, "lookup": {"min_n": 2, "max_n": 4}}, "eagle3") == "eagle3 + lookup"
+    assert label({"tree": None, "lookup": {"min_n": 2, "max_n": 4, "drafter_k": 3}}, "eagle3") == \
+        "eagle3 + lookup (drafter k=3)"  # the run's k is lookup's depth
     assert label({"tree": "cpu_12", "tree_nodes": 12}, "medusa") == "medusa tree cpu_12 (12 nodes)"
     assert label(None, "none") == "none"

@@ -58,7 +58,9 @@ class Drafter(Protocol):
         """Allocate per-run state (caches) for `batch_size` rows of up to `max_len` tokens; `params` and
         `gen` are the run's sampling settings and its per-row generators (`core.sampling.RowGenerators`:
         draw through `core.sampling.uniform / exponential / sample_from` with the batch as dim 0, a fixed
-        amount per row per step, so each request's stream is independent of the others)."""
+        amount per row per step, so each request's stream is independent of the others). A drafter with
+        `refeeds_path` also takes `path_len` (> k): commit must then take accepted paths up to that long
+        (`method.lookup.drafter_k` grafts paths deeper than the drafter's own k)."""
 
     def prefill(self, rows: list[int], admitted: Admitted, target_out: TargetOutput) -> None:
         """Requests were admitted into adjacent `rows`; target_out holds the target's prompt forward for them

@@ -119,7 +119,9 @@ class DraftModelDrafter:
         return k if self.widths is None else tree_nodes(self.widths[:k])
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams,
-              gen: torch.Generator) -> None:
+              gen: torch.Generator, path_len: int | None = None) -> None:
+        """path_len: a tree's longest accepted path, re-fed by commit (default k; `method.lookup.drafter_k`
+        grafts deeper paths than the draft's tree)."""
         if self.model is None:
             folder = resolve_folder(self.path, self.cache_dir)[0]
             if is_compact(folder):  # stored without the vocabulary tables: the target's are shared
@@ -145,7 +147,10 @@ class DraftModelDrafter:
         if self.widths is not None and len(self.widths) < k:
             raise UserError(f"method.drafter.tree={self.widths} has {len(self.widths)} depths; k={k} needs k")
         self.k = k
-        P = k + 1 if self.is_tree else 2  # pending slots: a tree's accepted path + bonus is re-fed
+        if path_len is not None and path_len > k and not self.is_tree:
+            raise UserError(f"a draft-model chain re-feeds only its own drafts; a path of {path_len} > k={k} "
+                            "needs a tree")
+        P = max(path_len or k, k) + 1 if self.is_tree else 2  # pending slots: a tree's accepted path + bonus
         scratch = self.max_nodes(k) if self.topk is None else max(self.max_nodes(k), (k - 1) * self.topk)
         self.cache = self.model.new_cache(batch_size, max_len + P + scratch)
         self.pending = torch.zeros(batch_size, P, dtype=torch.long, device=self.device)  # [B, P]

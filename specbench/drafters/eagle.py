@@ -91,7 +91,9 @@ class EagleDrafter:
         return min(self.num_draft_tokens or self.pool_size(k), self.pool_size(k))
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams,
-              gen: torch.Generator) -> None:
+              gen: torch.Generator, path_len: int | None = None) -> None:
+        """path_len: the longest accepted path commit re-feeds (default k; `method.lookup.drafter_k` grafts
+        deeper paths than the head drafts)."""
         if self.model is None:
             try:
                 self.model = load_eagle(self.path, target)
@@ -110,13 +112,14 @@ class EagleDrafter:
         self.params, self.gen = SamplingParams(t, 1.0), gen
         f, self.k = self.topk, k
         self.M = (k - 1) * f  # head scratch slots for the frontier forwards of one proposal
-        self.cache = KVCache(1, batch_size, cfg.num_kv_heads, max_len + self.M + k + 2, cfg.head_dim,
+        P = max(path_len or k, k) + 1  # pending pairs: the root and the accepted path
+        self.cache = KVCache(1, batch_size, cfg.num_kv_heads, max_len + self.M + P + 1, cfg.head_dim,
                              self.model.fc.weight.dtype, self.device)
         self.model.ensure_rope(self.cache.max_len + 1)
         width = 3 * cfg.target_hidden_size if cfg.version == 3 else cfg.target_hidden_size
-        self.pend_tok = torch.zeros(batch_size, k + 1, dtype=torch.long, device=self.device)  # [B, k+1]
-        self.pend_hid = torch.zeros(batch_size, k + 1, width, dtype=self.model.fc.weight.dtype, device=self.device)
-        self.num_pend = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1..k+1
+        self.pend_tok = torch.zeros(batch_size, P, dtype=torch.long, device=self.device)  # [B, P]
+        self.pend_hid = torch.zeros(batch_size, P, width, dtype=self.model.fc.weight.dtype, device=self.device)
+        self.num_pend = torch.ones(batch_size, dtype=torch.long, device=self.device)  # [B] 1..P
         self.draft_ids = self.model.draft_ids  # [Vd] target id of each draft-vocabulary entry
         # static pool layout: depth of each candidate, and the q (distribution) it was drawn from
         self.pool_depth, self.pool_qsrc = dynamic_pool_layout(f, k, self.device)
@@ -191,7 +194,7 @@ class EagleDrafter:
         k, f, c = state.k, self.topk, self.cache
         B, H = state.last.shape[0], self.model.config.hidden_size
         top = state.len_bound  # host bound on every row's target length (= head cached + pending)
-        o = self._causal(c, self.pend_tok, self.pend_hid, top + k + 1)  # [B, k+1, H]
+        o = self._causal(c, self.pend_tok, self.pend_hid, top + k + 1)  # [B, P, H]: real pairs end before top
         o = o.gather(1, (self.num_pend - 1)[:, None, None].expand(B, 1, H))  # last real pair's output
         c.seq_lens += self.num_pend * state.active
         base = c.seq_lens.clone()  # first scratch slot = position of the depth-1 nodes' forward

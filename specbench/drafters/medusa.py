@@ -79,7 +79,10 @@ class MedusaDrafter(FinalStateDrafter):
     def max_nodes(self, k: int) -> int:
         return k if self.choices is None else len(tree_layout(self.choices, k)[0])
 
-    def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams, gen) -> None:
+    def setup(self, target, batch_size: int, max_len: int, k: int, params: SamplingParams, gen,
+              path_len: int | None = None) -> None:
+        """path_len (`method.lookup.drafter_k`: accepted paths deeper than k) needs no room here: commit reads
+        the target's state at the last accepted node, at any depth."""
         if self.model is None:
             try:
                 self.model = load_medusa(self.path, target)

@@ -5,6 +5,8 @@ itself (`HostHistory`): the only drafter that needs the tokens on the host, so t
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
@@ -54,10 +56,13 @@ class HostHistory:
         return [h if a else [] for h, a in zip(self.rows, state.active.tolist())]
 
 
+LOOKUP_MAX_LEN = 16  # largest k of a lookup chain (method=ngram's default method.drafter.max_draft_len)
+
+
 class NgramDrafter:
     hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, min_n: int = 2, max_n: int = 4, max_draft_len: int = 16) -> None:
+    def __init__(self, min_n: int = 2, max_n: int = 4, max_draft_len: int = LOOKUP_MAX_LEN) -> None:
         if not 1 <= min_n <= max_n:
             raise UserError(f"method.drafter.min_n={min_n}, max_n={max_n}: need 1 <= min_n <= max_n")
         self.min_n, self.max_n, self.max_draft_len = min_n, max_n, max_draft_len
@@ -123,21 +128,31 @@ class LookupUnion:
 
     The inner drafter must rebuild its own state from whatever path was accepted (`refeeds_path`: EAGLE heads,
     Medusa, the MLP speculator, the draft model as a tree); its nodes and q are passed through untouched. Every
-    other attribute the run reads (hidden_layers, max_draft_len, shardable, ...) is the inner drafter's."""
+    other attribute the run reads (hidden_layers, shardable, ...) is the inner drafter's.
 
-    def __init__(self, inner, min_n: int = 2, max_n: int = 4, name: str = "") -> None:
-        for key, v in (("min_n", min_n), ("max_n", max_n)):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise UserError(f"method.lookup.{key}={v!r}: an integer >= 1 (method.lookup.max_n null = no lookup)")
+    `drafter_k` (< the run's k) lets the lookup path run deeper than the drafter's own tree: the drafter drafts
+    to depth drafter_k, the grafted chain up to k tokens, and the drafter is set up to re-feed accepted paths of
+    up to k tokens (its `setup(..., path_len=k)`)."""
+
+    def __init__(self, inner, min_n: int = 2, max_n: int = 4, name: str = "", drafter_k: int | None = None) -> None:
+        for key, v in (("min_n", min_n), ("max_n", max_n), ("drafter_k", drafter_k)):
+            if v is None and key == "drafter_k":
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise UserError(f"method.lookup.{key}={v!r}: an integer >= 1 (method.lookup.max_n null = no lookup"
+                                "; drafter_k null = k)")
         if not 1 <= min_n <= max_n:
             raise UserError(f"method.lookup.min_n={min_n}, max_n={max_n}: need 1 <= min_n <= max_n")
+        if drafter_k is not None and drafter_k > inner.max_draft_len:
+            raise UserError(f"method.lookup.drafter_k={drafter_k}: method={name or type(inner).__name__} supports "
+                            f"a depth <= {inner.max_draft_len} (method.drafter.max_draft_len)")
         if not getattr(inner, "refeeds_path", False):
             hint = (" as a chain: give it a tree (method.tree.topk=..., or method.drafter.tree=[1,1,1,1] for a "
                     "chain that re-feeds)" if name == "draft_model" else "")
             raise UserError(f"method.lookup.max_n={max_n}: method={name or type(inner).__name__} cannot take "
                             f"tokens it did not draft{hint}; valid with eagle, eagle3, medusa, mlp_speculator and "
                             "draft_model trees")
-        self.inner, self.min_n, self.max_n = inner, min_n, max_n
+        self.inner, self.min_n, self.max_n, self.drafter_k = inner, min_n, max_n, drafter_k
         self._reset()
 
     def _reset(self) -> None:
@@ -156,11 +171,30 @@ class LookupUnion:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    @property
+    def max_draft_len(self) -> int:
+        """Largest run k: the drafter's own limit, or with drafter_k the lookup chain's (as method=ngram's)."""
+        return self.inner.max_draft_len if self.drafter_k is None else max(LOOKUP_MAX_LEN, self.drafter_k)
+
+    def own_k(self, k: int) -> int:
+        """The drafter's own depth in a run of depth k."""
+        return k if self.drafter_k is None else self.drafter_k
+
     def max_nodes(self, k: int) -> int:
-        return self.inner.max_nodes(k) + k
+        return self.inner.max_nodes(self.own_k(k)) + k
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params, gen) -> None:
-        self.inner.setup(target, batch_size, max_len, k, params, gen)
+        d = self.own_k(k)
+        if d > k:
+            raise UserError(f"method.lookup.drafter_k={d} > k={k}: the drafter's own depth is at most the run's "
+                            "(k = the longest path verified, lookup's included)")
+        if d < k:  # grafted paths are deeper than the drafter's own tree: it must re-feed up to k tokens
+            try:
+                self.inner.setup(target, batch_size, max_len, d, params, gen, path_len=k)
+            except UserError as e:
+                raise UserError(f"{e} (method.lookup.drafter_k={d}: the drafter's own depth)") from None
+        else:
+            self.inner.setup(target, batch_size, max_len, k, params, gen)
         self.history = HostHistory(batch_size)
         self._reset()
 
@@ -169,7 +203,8 @@ class LookupUnion:
         self.history.prefill(rows, admitted)
 
     def propose(self, state: BatchState) -> DraftTree:
-        tree = self.inner.propose(state)
+        d = self.own_k(state.k)
+        tree = self.inner.propose(state if d == state.k else replace(state, k=d))
         histories = self.history.active(state)
         chains = [lookup(h, state.k, self.min_n, self.max_n) if h else [] for h in histories]
         self.counts["row_steps"] += sum(1 for h in histories if h)
@@ -222,4 +257,5 @@ class LookupUnion:
 
     def describe(self) -> dict:
         info = self.inner.describe() if hasattr(self.inner, "describe") else {}
-        return {**info, "lookup": {"min_n": self.min_n, "max_n": self.max_n, **self.stats}}
+        return {**info, "lookup": {"min_n": self.min_n, "max_n": self.max_n, "drafter_k": self.drafter_k,
+                                   **self.stats}}

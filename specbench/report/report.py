@@ -30,7 +30,9 @@ class Row:
     @property
     def method(self) -> str:
         drafter = self.doc["config"].get("drafter") or {}
-        return self._shape(drafter) + (" + lookup" if drafter.get("lookup") else "")
+        lk = drafter.get("lookup") or {}
+        deeper = f" (drafter k={lk['drafter_k']})" if lk.get("drafter_k") is not None else ""
+        return self._shape(drafter) + (f" + lookup{deeper}" if lk else "")
 
     def _shape(self, drafter: dict) -> str:
         name = self.doc["config"].get("method", {}).get("name", "?")
