@@ -24,11 +24,14 @@ PROMPTS = [[5, 17, 99, 3, 250, 7, 8, 5, 17], [40, 41, 42], [300, 3, 9, 11, 12, 3
 
 def _drafter(method: str, tiny_dir, tmp_path):
     """Each method's config, instantiated; methods that load weights get ones built for the tiny target. A
-    `_lookup` suffix adds prompt lookup grafted onto the drafter's tree (method.lookup)."""
+    `_lookup` suffix adds prompt lookup grafted onto the drafter's tree (method.lookup); `_deeplookup` with the
+    drafter 2 deep and lookup's path up to k (method.lookup.drafter_k)."""
     from specbench.run import build_drafter
 
-    lookup = ["method.lookup.max_n=3", "method.lookup.min_n=1"] if method.endswith("_lookup") else []
-    method = method.removesuffix("_lookup")
+    lookup = ["method.lookup.max_n=3", "method.lookup.min_n=1"] if method.endswith("lookup") else []
+    if method.endswith("_deeplookup"):  # the drafter drafts 2 deep, lookup's path up to k = 3
+        lookup.append("method.lookup.drafter_k=2")
+    method = method.removesuffix("_lookup").removesuffix("_deeplookup")
     extra = []
     if method.startswith("draft_model"):
         shape = {"draft_model_tree": ["method.drafter.tree=[2,2,1]"],
@@ -91,7 +94,8 @@ def state_vocab(state) -> int:
 
 
 LOOKUP = ["draft_model_dynamic_lookup", "draft_model_tree_lookup", "eagle3_lookup", "medusa_lookup",
-          "mlp_speculator_lookup"]
+          "mlp_speculator_lookup", "draft_model_tree_deeplookup", "eagle3_deeplookup", "medusa_deeplookup",
+          "mlp_speculator_deeplookup"]
 
 
 @pytest.mark.parametrize("method", METHODS + ["draft_model_tree", "draft_model_dynamic"] + LOOKUP)
@@ -111,7 +115,7 @@ def test_method_contract(method, temperature, tiny_dir, tmp_path):
     spy = Spy(_drafter(method, tiny_dir, tmp_path), k)
     out = run(spy)
     assert spy.calls > 0 and all(len(o) == 10 for o in out)
-    if method.endswith("_lookup") and temperature == 0.0:  # lookup paths were grafted onto the trees, within the
+    if method.endswith("lookup") and temperature == 0.0:  # lookup paths were grafted onto the trees, within the
         assert spy.inner.stats["grafted"] > 0, spy.inner.stats  # contract (sampled text here rarely repeats)
     if temperature == 0.0:
         assert out == run(None)
