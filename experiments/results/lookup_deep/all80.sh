@@ -16,3 +16,9 @@ run r1_3_dyn_3x10_d4_k8 method=draft_model method.tree.topk=3 method.tree.num_dr
   method.lookup.drafter_k=4
 run r1_4_eagle3_tree_4x16_d5_k8 method=eagle3 method.tree.topk=4 method.tree.num_draft_tokens=16 k=8 $lk \
   method.lookup.drafter_k=5
+# later the same session: EAGLE-3's tree at EAGLE-2's size (depth 6, top-10, 60 nodes) and a deeper one (depth 7,
+# 80 nodes), each with lookup at its depth, and the 60-node tree without (results/lookup_deep/tree60.sh measured
+# them on the 16 first turns)
+run r1_7_eagle3_tree60_k6 method=eagle3 method.tree.topk=10 method.tree.num_draft_tokens=60 k=6
+run r1_5_eagle3_tree60_k6_lookup method=eagle3 method.tree.topk=10 method.tree.num_draft_tokens=60 k=6 $lk
+run r1_6_eagle3_tree80_k7_lookup method=eagle3 method.tree.topk=10 method.tree.num_draft_tokens=80 k=7 $lk
