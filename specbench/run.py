@@ -119,9 +119,7 @@ def build_drafter(cfg: DictConfig):
         from specbench.drafters.ngram import LookupUnion
 
         drafter = LookupUnion(drafter, lk.get("min_n", 2), lk.max_n, str(cfg.method.name), lk.get("drafter_k"))
-        if drafter.drafter_k is not None and drafter.drafter_k > cfg.k:
-            raise UserError(f"method.lookup.drafter_k={drafter.drafter_k} > k={cfg.k}: the drafter's own depth is at "
-                            "most k (k = the longest path verified, lookup's included)")
+        drafter.own_k(int(cfg.k))  # drafter_k <= k, said before anything loads
     elif (cfg.method.get("lookup") or {}).get("drafter_k") is not None:
         raise UserError(f"method.lookup.drafter_k={cfg.method.lookup.drafter_k} needs prompt lookup on "
                         "(method.lookup.max_n=4, say): without it the drafter's depth is k")

@@ -135,9 +135,8 @@ class LookupUnion:
     up to k tokens (its `setup(..., path_len=k)`)."""
 
     def __init__(self, inner, min_n: int = 2, max_n: int = 4, name: str = "", drafter_k: int | None = None) -> None:
-        for key, v in (("min_n", min_n), ("max_n", max_n), ("drafter_k", drafter_k)):
-            if v is None and key == "drafter_k":
-                continue
+        given = {"min_n": min_n, "max_n": max_n, **({} if drafter_k is None else {"drafter_k": drafter_k})}
+        for key, v in given.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise UserError(f"method.lookup.{key}={v!r}: an integer >= 1 (method.lookup.max_n null = no lookup"
                                 "; drafter_k null = k)")
@@ -177,7 +176,10 @@ class LookupUnion:
         return self.inner.max_draft_len if self.drafter_k is None else max(LOOKUP_MAX_LEN, self.drafter_k)
 
     def own_k(self, k: int) -> int:
-        """The drafter's own depth in a run of depth k."""
+        """The drafter's own depth in a run of depth k (checked: at most k)."""
+        if self.drafter_k is not None and self.drafter_k > k:
+            raise UserError(f"method.lookup.drafter_k={self.drafter_k} > k={k}: the drafter's own depth is at most "
+                            "k (k = the longest path verified, lookup's included)")
         return k if self.drafter_k is None else self.drafter_k
 
     def max_nodes(self, k: int) -> int:
@@ -185,9 +187,6 @@ class LookupUnion:
 
     def setup(self, target, batch_size: int, max_len: int, k: int, params, gen) -> None:
         d = self.own_k(k)
-        if d > k:
-            raise UserError(f"method.lookup.drafter_k={d} > k={k}: the drafter's own depth is at most the run's "
-                            "(k = the longest path verified, lookup's included)")
         if d < k:  # grafted paths are deeper than the drafter's own tree: it must re-feed up to k tokens
             try:
                 self.inner.setup(target, batch_size, max_len, d, params, gen, path_len=k)
@@ -244,7 +243,8 @@ class LookupUnion:
             rows, nodes = torch.tensor(at[0], device=dev), torch.tensor(at[1], device=dev)
             probs[rows, nodes] = 0.0
             probs[rows, nodes, torch.tensor(at[2], device=dev)] = 1.0
-        return DraftTree(torch.tensor(toks, dtype=torch.long, device=dev), torch.tensor(pars, dtype=torch.long, device=dev),
+        return DraftTree(torch.tensor(toks, dtype=torch.long, device=dev),
+                         torch.tensor(pars, dtype=torch.long, device=dev),
                          tree.lens + torch.tensor([len(e) for e in extra], device=dev), probs, False, depth, kids)
 
     def commit(self, verdict: Verdict, state: BatchState, target_out) -> None:
