@@ -29,6 +29,7 @@ class DatasetSchema:
     path: Optional[str] = None  # jsonl: a question.jsonl (MT-bench / Spec-Bench format)
     limit: Optional[int] = None  # keep the first N prompts
     per_category: Optional[int] = None  # keep the first N prompts of each category (applied before limit)
+    turns: int = 1  # user turns decoded per record: 2 = MT-bench's second turns too, after the run's own answers
     hf_name: Optional[str] = None  # hf: dataset id on the hub
     split: str = "train"  # hf: split
     field: Optional[str] = None  # hf: column holding the prompt (default: turns/prompt/instruction)

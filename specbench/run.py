@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from specbench.data.prompts import load_prompts, to_requests
+from specbench.data.prompts import check_turns, load_prompts, next_turns, to_requests
 from specbench.engine.loop import Engine, StopCriteria
 from specbench.core.sampling import SamplingParams
 from specbench.core.hw import cpu_has_fast_bf16
@@ -68,6 +69,8 @@ def validate(cfg: DictConfig) -> None:
         raise UserError(f"top_k={cfg.top_k}: must be >= 0 (0 = off)")
     if cfg.k < 1:
         raise UserError(f"k={cfg.k}: must be >= 1")
+    if cfg.dataset.turns < 1:
+        raise UserError(f"dataset.turns={cfg.dataset.turns}: must be >= 1 (1 = first turns only)")
     from specbench.parallel import check_sizes
 
     check_sizes(*parallel_sizes(cfg))
@@ -190,9 +193,46 @@ def output_dir() -> Path:
 
 
 def _requests(cfg: DictConfig, tok) -> list:
+    """The first turns of the prompt set (a conversation's later turns come from `_decode`)."""
     prompts = load_prompts(cfg.dataset.name, cfg.dataset.path, cfg.dataset.limit, cfg.dataset.hf_name,
                            cfg.dataset.split, cfg.dataset.field, cfg.dataset.per_category)
+    check_turns(prompts, cfg.dataset.turns, tok, bool(cfg.model.chat_template), f"dataset={cfg.dataset.name}")
     return to_requests(prompts, tok, cfg.model.chat_template, cfg.model.system_prompt)
+
+
+@dataclass
+class Decoded:
+    """Every turn's results (turn 1 of every conversation, then turn 2 of those that have one, ...) and the
+    engine's counters summed over the turns."""
+    results: list
+    wall_s: float = 0.0
+    steps: int = 0
+    timing: dict = field(default_factory=dict)
+    discarded_rows: int = 0
+
+
+def _decode(cfg: DictConfig, engine: Engine, requests: list) -> Decoded:
+    """Decode the first turns, then, up to dataset.turns, each conversation's next user turn after the answers
+    this engine gave (MT-bench's second turns follow the run's own first answers, as EAGLE's and Spec-Bench's
+    evaluations do). The turns run one after another: a turn waits for every conversation's previous one."""
+    out = Decoded([])
+    for turn in range(1, int(cfg.dataset.turns) + 1):
+        if not requests:
+            break
+        if turn > 1:
+            log(f"turn {turn}: {len(requests)} conversations")
+        t0 = time.perf_counter()
+        results = engine.run(requests)
+        out.wall_s += time.perf_counter() - t0
+        out.results += results
+        out.steps += engine.num_steps
+        out.discarded_rows += engine.discarded_rows
+        for key, v in engine.timing.items():
+            out.timing[key] = out.timing.get(key, 0.0) + v
+        if turn < int(cfg.dataset.turns):
+            requests = next_turns(requests, [r.text for r in results], engine.tokenizer,
+                                  bool(cfg.model.chat_template), cfg.model.system_prompt)
+    return out
 
 
 def _stop(cfg: DictConfig, target: LoadedModel) -> StopCriteria:
@@ -224,12 +264,6 @@ def _resolved_config(cfg: DictConfig, target: LoadedModel, device: torch.device,
     if device.type == "cpu":
         resolved["cpu"] = {**cpu_summary(), "linear": cpu_kernels.describe(dtype)}
     return resolved
-
-
-def _timed(engine: Engine, requests: list) -> tuple[list, float]:
-    t0 = time.perf_counter()
-    results = engine.run(requests)
-    return results, time.perf_counter() - t0
 
 
 def _threads(cfg: DictConfig) -> None:
@@ -307,32 +341,31 @@ def run(cfg: DictConfig) -> dict:
         if topo.parallel:
             topo.comm.reset()
         spec = engine(drafter, on_step=on_step)
-        results, wall = _timed(spec, requests)
-        comm = {"speculative": {**topo.comm.summary(), "timing": dict(spec.timing)}} if topo.parallel else {}
+        done = _decode(cfg, spec, requests)
+        comm = {"speculative": {**topo.comm.summary(), "timing": done.timing}} if topo.parallel else {}
         baseline = base_results = None
         if compare:
             log("baseline: target-only decoding of the same prompts")
             if topo.parallel:
                 topo.comm.reset()
-            base = engine(None)
-            base_results, bwall = _timed(base, requests)
+            base = _decode(cfg, engine(None), requests)
+            base_results = base.results
             if topo.parallel:
-                comm["baseline"] = {**topo.comm.summary(), "timing": dict(base.timing)}
+                comm["baseline"] = {**topo.comm.summary(), "timing": base.timing}
             btokens = sum(r.num_new_tokens for r in base_results)
-            baseline = {"tokens_per_s": btokens / bwall, "wall_s": bwall, "new_tokens": btokens,
-                        "target_steps": base.num_steps, "timing": dict(base.timing)}
+            baseline = {"tokens_per_s": btokens / base.wall_s, "wall_s": base.wall_s, "new_tokens": btokens,
+                        "target_steps": base.steps, "timing": base.timing}
         if hasattr(drafter, "describe"):  # what the drafter resolved at setup (e.g. EAGLE-3's aux layers)
             from specbench.parallel import share_outcome
 
             info = drafter.describe() if topo.runs_drafter else None
             resolved["drafter"].update(share_outcome(topo, None, info) if topo.parallel else info)
-        extra = {"timing": dict(spec.timing),
-                 "scheduling": {"async": spec.async_, "discarded_rows": spec.discarded_rows}}
+        extra = {"timing": done.timing, "scheduling": {"async": spec.async_, "discarded_rows": done.discarded_rows}}
         report = _parallel_report(topo, comm)
         if report is not None:
             extra["parallel"] = report
         if writer:
-            doc = build_results(resolved, results, wall, spec.num_steps, baseline, base_results, extra=extra)
+            doc = build_results(resolved, done.results, done.wall_s, done.steps, baseline, base_results, extra=extra)
             (out / "results.json").write_text(json.dumps(doc, indent=2))
             for s in sinks:
                 s.summary(doc)

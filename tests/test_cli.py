@@ -85,6 +85,8 @@ def test_run_writes_results_contract(tmp_path, tiny_dir):
           "method.lookup.drafter_k=5"], "method.lookup.drafter_k=5: method=eagle3 supports a depth <= 4"),
         (["method=eagle3", "method.lookup.max_n=4", "method.lookup.drafter_k=0"], "method.lookup.drafter_k=0: an "
          "integer >= 1"),
+        (["dataset.turns=0"], "dataset.turns=0: must be >= 1 (1 = first turns only)"),
+        (["dataset.turns=2"], "dataset.turns=2: no record of dataset=builtin has more than 1 user turn(s)"),
     ],
 )
 def test_bad_input_exits_2(tmp_path, args, needle):

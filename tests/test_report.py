@@ -130,3 +130,18 @@ def test_method_labels():
         "eagle3 + lookup (drafter k=3)"  # the run's k is lookup's depth
     assert label({"tree": "cpu_12", "tree_nodes": 12}, "medusa") == "medusa tree cpu_12 (12 nodes)"
     assert label(None, "none") == "none"
+
+
+def test_per_turn_table():
+    """A run with dataset.turns=2 gets a per-turn table, turns in numeric order; runs without one get none."""
+    from specbench.report.report import Row, category_table
+
+    def entry(tau, speedup):
+        return {"acceptance": {"mean_acceptance_length": tau}, "speedup": speedup}
+
+    doc = {"config": {"method": {"name": "ngram"}, "k": 3},
+           "per_turn": {"10": entry(1.5, 1.0), "2": entry(2.25, 1.5), "1": entry(2.0, 1.25)}}
+    text = category_table([Row(Path("a/results.json"), doc)], "per_turn", "turn ")
+    assert text.splitlines()[0] == "| method | k | turn 1 τ / speedup | turn 2 τ / speedup | turn 10 τ / speedup |"
+    assert text.splitlines()[2] == "| ngram | 3 | 2.00 / 1.25 | 2.25 / 1.50 | 1.50 / 1.00 |"
+    assert category_table([Row(Path("a/results.json"), {"config": doc["config"]})], "per_turn", "turn ") == ""

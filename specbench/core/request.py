@@ -9,8 +9,11 @@ from dataclasses import dataclass, field
 class Request:
     id: str
     prompt: str  # the user message as given
-    prompt_ids: list[int]  # after the chat template
+    prompt_ids: list[int]  # after the chat template (a later turn: the whole conversation so far)
     category: str | None = None
+    turn: int = 1  # which user turn of its conversation (dataset.turns)
+    history: tuple[tuple[str, str], ...] = ()  # the (user, answer) exchanges before this turn, answered in this run
+    later: tuple[str, ...] = ()  # the conversation's user turns after this one
 
 
 @dataclass

@@ -15,8 +15,9 @@ from specbench.errors import UserError
 @dataclass
 class Prompt:
     id: str
-    prompt: str  # the user message
+    prompt: str  # the (first) user message
     category: str | None = None
+    later: tuple[str, ...] = ()  # the user turns after the first (MT-bench's second turn), asked in order
 
 
 def builtin_prompts() -> list[Prompt]:
@@ -24,20 +25,28 @@ def builtin_prompts() -> list[Prompt]:
     return [Prompt(**json.loads(line)) for line in text.splitlines() if line.strip()]
 
 
-def _first_turn(rec: dict, where: str) -> str:
-    """The first user turn of a record: MT-bench `turns`, or `prompt`, or `instruction` (+ `input`)."""
-    if isinstance(rec.get("turns"), list) and rec["turns"] and isinstance(rec["turns"][0], str):
-        return rec["turns"][0]
+def _turns(rec: dict, where: str) -> list[str]:
+    """The user turns of a record: MT-bench `turns` (every one), or `prompt`, or `instruction` (+ `input`)."""
+    turns = rec.get("turns")
+    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+        if not all(isinstance(t, str) for t in turns):
+            raise UserError(f"{where}: 'turns' must be a list of strings")
+        return list(turns)
     if isinstance(rec.get("prompt"), str):
-        return rec["prompt"]
+        return [rec["prompt"]]
     if isinstance(rec.get("instruction"), str):
         extra = rec.get("input") or ""
-        return rec["instruction"] + (f"\n\n{extra}" if extra else "")
+        return [rec["instruction"] + (f"\n\n{extra}" if extra else "")]
     raise UserError(f"{where}: record has no 'turns' (list of strings), 'prompt' or 'instruction' field")
 
 
+def _prompt(rid, turns: list[str], category) -> Prompt:
+    return Prompt(id=str(rid), prompt=turns[0], category=category, later=tuple(turns[1:]))
+
+
 def jsonl_prompts(path: str) -> list[Prompt]:
-    """MT-bench/Spec-Bench question.jsonl: {question_id, category, turns: [first, second, ...]}; first turn kept."""
+    """MT-bench/Spec-Bench question.jsonl: {question_id, category, turns: [first, second, ...]}; every turn kept
+    (`dataset.turns` says how many are decoded)."""
     p = Path(path).expanduser()
     if not p.is_file():
         raise UserError(f"dataset.path={path!r}: no such file (expected a question.jsonl)")
@@ -46,7 +55,7 @@ def jsonl_prompts(path: str) -> list[Prompt]:
         if not isinstance(rec, dict):
             raise UserError(f"{where}: expected a JSON object per record")
         rid = rec.get("question_id", rec.get("id", n))
-        out.append(Prompt(id=str(rid), prompt=_first_turn(rec, where), category=rec.get("category")))
+        out.append(_prompt(rid, _turns(rec, where), rec.get("category")))
     if not out:
         raise UserError(f"dataset.path={path!r}: the file holds no records")
     return out
@@ -64,9 +73,9 @@ def hf_prompts(name: str, split: str, field: str | None) -> list[Prompt]:
         raise UserError(f"dataset.name={name!r}: cannot load ({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
     out = []
     for i, rec in enumerate(ds):
-        text = rec[field] if field else _first_turn(rec, f"{name}[{i}]")
+        turns = [rec[field]] if field else _turns(rec, f"{name}[{i}]")
         rid = next((rec[k] for k in ("question_id", "id") if rec.get(k) is not None), i)  # columns are unified
-        out.append(Prompt(id=str(rid), prompt=text, category=rec.get("category")))
+        out.append(_prompt(rid, turns, rec.get("category")))
     return out
 
 
@@ -101,17 +110,53 @@ def load_prompts(kind: str, path: str | None = None, limit: int | None = None, n
     return prompts
 
 
-def encode_prompt(tokenizer, text: str, chat_template: bool = True, system_prompt: str | None = None) -> list[int]:
-    """Token ids of one user turn, wrapped in the tokenizer's chat template with the generation prompt."""
+def encode_prompt(tokenizer, text: str, chat_template: bool = True, system_prompt: str | None = None,
+                  history: tuple[tuple[str, str], ...] = ()) -> list[int]:
+    """Token ids of one user turn, wrapped in the tokenizer's chat template with the generation prompt.
+    history: the (user, assistant) exchanges before it (a later turn of a conversation; needs the template)."""
     if chat_template and getattr(tokenizer, "chat_template", None):
-        msgs = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-            {"role": "user", "content": text}]
+        msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        for user, answer in history:
+            msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+        msgs.append({"role": "user", "content": text})
         ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
         return list(ids)
+    if history:
+        raise UserError("a later turn of a conversation needs the tokenizer's chat template "
+                        "(model.chat_template=true and a tokenizer that has one)")
     return tokenizer.encode(text)
+
+
+def check_turns(prompts: list[Prompt], turns: int, tokenizer, chat_template: bool, source: str) -> None:
+    """dataset.turns above 1: some record must have that many user turns, and the chat template must exist to
+    put the conversation so far in front of a later turn."""
+    if turns <= 1:
+        return
+    most = max((1 + len(p.later) for p in prompts), default=0)
+    if most < turns:
+        raise UserError(f"dataset.turns={turns}: no record of {source} has more than {most} user turn(s) "
+                        f"(MT-bench's question.jsonl has 2)")
+    if not (chat_template and getattr(tokenizer, "chat_template", None)):
+        raise UserError(f"dataset.turns={turns} needs the tokenizer's chat template (model.chat_template=true "
+                        f"and a tokenizer that has one)")
 
 
 def to_requests(prompts: list[Prompt], tokenizer, chat_template: bool = True,
                 system_prompt: str | None = None) -> list[Request]:
-    return [Request(id=p.id, prompt=p.prompt, category=p.category,
+    """The first turns."""
+    return [Request(id=p.id, prompt=p.prompt, category=p.category, later=p.later,
                     prompt_ids=encode_prompt(tokenizer, p.prompt, chat_template, system_prompt)) for p in prompts]
+
+
+def next_turns(asked: list[Request], answers: list[str], tokenizer, chat_template: bool = True,
+               system_prompt: str | None = None) -> list[Request]:
+    """The next user turn of every conversation that has one, after the answers this run gave to `asked`."""
+    out = []
+    for req, answer in zip(asked, answers, strict=True):
+        if req.later:
+            history = (*req.history, (req.prompt, answer))
+            text = req.later[0]
+            out.append(Request(id=req.id, prompt=text, category=req.category, turn=req.turn + 1, history=history,
+                               later=req.later[1:],
+                               prompt_ids=encode_prompt(tokenizer, text, chat_template, system_prompt, history)))
+    return out

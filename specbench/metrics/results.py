@@ -135,8 +135,10 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
         rate = sum(d is None for d in div) / len(div) if div else None
         match = all(d is None for d in div)
     cats: dict[str, list[int]] = {}
+    turns: dict[str, list[int]] = {}
     for i, r in enumerate(results):
         cats.setdefault(r.request.category or "default", []).append(i)
+        turns.setdefault(str(r.request.turn), []).append(i)
 
     def cat_entry(idx: list[int]) -> dict:
         rs = [results[i] for i in idx]
@@ -165,6 +167,7 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
         "requests": [
             {
                 "id": r.request.id,
+                "turn": r.request.turn,
                 "category": r.request.category,
                 "prompt": r.request.prompt,
                 "prompt_tokens": len(r.request.prompt_ids),
@@ -178,6 +181,8 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
             for r, d in zip(results, div)
         ],
     }
+    if len(turns) > 1:  # dataset.turns > 1: the same entries per user turn ("1", "2", ...)
+        doc["per_turn"] = {t: cat_entry(idx) for t, idx in sorted(turns.items(), key=lambda kv: int(kv[0]))}
     if extra:
         doc.update(extra)
     return doc

@@ -118,16 +118,17 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def category_table(rows: list[Row]) -> str:
-    cats = sorted({c for r in rows for c in r.doc.get("per_category", {})})
+def category_table(rows: list[Row], key: str = "per_category", label: str = "") -> str:
+    """τ / speedup per category (key "per_turn": per user turn, columns named `label` + the turn)."""
+    cats = sorted({c for r in rows for c in r.doc.get(key, {})}, key=lambda c: (int(c) if c.isdigit() else 0, c))
     if not cats or cats == ["default"]:
         return ""
-    lines = ["| method | k | " + " | ".join(f"{c} τ / speedup" for c in cats) + " |",
+    lines = ["| method | k | " + " | ".join(f"{label}{c} τ / speedup" for c in cats) + " |",
              "|" + "|".join(["---"] * (len(cats) + 2)) + "|"]
     for r in rows:
         if r.method == "none":
             continue
-        pc = r.doc.get("per_category", {})
+        pc = r.doc.get(key, {})
         cells = []
         for c in cats:
             e = pc.get(c)
@@ -208,6 +209,9 @@ def render(root: Path, out: Path | None = None, with_plots: bool = True) -> tupl
         cat = category_table(rows)
         if cat:
             md += ["Per category (τ / speedup, request-level rates):", "", cat, ""]
+        turns = category_table(rows, "per_turn", "turn ")
+        if turns:
+            md += ["Per user turn (dataset.turns; τ / speedup, request-level rates):", "", turns, ""]
         md += ["τ = 1 + accepted / drafts (steps with a draft). drafted steps = fraction of target steps that had "
                "a draft. c = draft time per drafted token / plain target step; verify/step = verify forward "
                "(+ acceptance, commits) / plain target step. pred = tokens per step / (c·L + 1), L = tokens "
