@@ -48,7 +48,7 @@ def main() -> None:
           + " | ".join(f"speedup turn {t}" for t in turns) + " | speedup both |")
     print("|---|" + "---:|" * (len(turns) + 1) + "---|" * len(turns) + "---:|" * (len(turns) + 1))
     for name, rr in runs.items():
-        rs = sorted(rr)
+        rs = sorted(rr, key=lambda r: int(r[1:]))
         x = rr[rs[0]]
         both = [rr[r]["tps"] / none[r]["tps"] for r in rs if r in none]
         per = {t: [rr[r]["turn_tps"][t] / none[r]["turn_tps"][t] for r in rs if r in none] for t in turns}
@@ -56,10 +56,11 @@ def main() -> None:
               + " | ".join(" / ".join(f"{v:.2f}" for v in x["turn_pos"][t]) for t in turns) + " | "
               + " | ".join(_median(per[t]) for t in turns) + f" | {_median(both)} |")
     if none:
-        first = none[min(none)]
+        first = none[min(none, key=lambda r: int(r[1:]))]
         print(f"\nrequests per turn: {' / '.join(str(first['turn_requests'][t]) for t in turns)}; target-only "
               "tokens/s by round and turn: " + "; ".join(
-                  f"{r}: " + " / ".join(f"{none[r]['turn_tps'][t]:.1f}" for t in turns) for r in sorted(none)))
+                  f"{r}: " + " / ".join(f"{none[r]['turn_tps'][t]:.1f}" for t in turns)
+                  for r in sorted(none, key=lambda r: int(r[1:]))))
 
 
 if __name__ == "__main__":

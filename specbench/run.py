@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -221,8 +221,14 @@ def _decode(cfg: DictConfig, engine: Engine, requests: list) -> Decoded:
             break
         if turn > 1:
             log(f"turn {turn}: {len(requests)} conversations")
+        sink = engine.on_step
+        if sink is not None and turn > 1:  # the step logs run on across turns (W&B needs rising steps)
+            engine.on_step = lambda rec, n=out.steps, t=out.wall_s: sink(replace(rec, step=rec.step + n, t=rec.t + t))
         t0 = time.perf_counter()
-        results = engine.run(requests)
+        try:
+            results = engine.run(requests)
+        finally:
+            engine.on_step = sink
         out.wall_s += time.perf_counter() - t0
         out.results += results
         out.steps += engine.num_steps

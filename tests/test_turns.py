@@ -40,9 +40,8 @@ def test_loader_keeps_later_turns(tmp_path):
     ])
     ps = load_prompts("jsonl", str(data))
     assert [(p.prompt, p.later) for p in ps] == [("one", ("two", "three")), ("only", ()), ("plain", ())]
-    bad = write_jsonl(tmp_path / "bad.jsonl", [{"question_id": 1, "turns": ["one", 2]}])
-    with pytest.raises(UserError, match="'turns' must be a list of strings"):
-        load_prompts("jsonl", str(bad))
+    odd = write_jsonl(tmp_path / "odd.jsonl", [{"question_id": 1, "turns": ["one", None, "three"]}])
+    assert load_prompts("jsonl", str(odd))[0].later == ()  # turns up to the first that is not a string
     if MT_BENCH.is_file():
         mt = load_prompts("jsonl", str(MT_BENCH))
         assert len(mt) == 80 and all(len(p.later) == 1 for p in mt)
@@ -83,7 +82,7 @@ def test_second_turns_follow_the_runs_own_answers(tmp_path, chat_dir, monkeypatc
     ])
     cfg = _compose([f"model.path={chat_dir}", "method=draft_model", f"method.drafter.path={chat_dir}", "k=3",
                     "max_new_tokens=12", "batch_size=2", "dtype=float32", "progress=false", "dataset=jsonl",
-                    f"dataset.path={data}", "dataset.turns=2"])
+                    f"dataset.path={data}", "dataset.turns=2", "logger=jsonl"])
     monkeypatch.chdir(tmp_path)
     doc = run(cfg)
     reqs = doc["requests"]
@@ -104,6 +103,36 @@ def test_second_turns_follow_the_runs_own_answers(tmp_path, chat_dir, monkeypatc
     assert list(pt) == ["1", "2"] and pt["1"]["requests"] == 3 and pt["2"]["requests"] == 2
     assert pt["2"]["acceptance"]["num_drafts"] == 6 and pt["2"]["acceptance"]["mean_acceptance_length"] == 4.0
     assert doc["per_category"]["x"]["requests"] == 4
+    # the step log runs on across turns: 9 steps numbered 1..9, times rising
+    steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == list(range(1, 10))
+    assert all(a["t"] <= b["t"] for a, b in zip(steps, steps[1:]))
+
+
+def test_later_turns_have_their_own_stream():
+    from specbench.core.request import Request
+    from specbench.core.sampling import request_seed
+    from specbench.engine.loop import _seeds
+
+    reqs = [Request(id="1", prompt="a", prompt_ids=[1]), Request(id="1", prompt="b", prompt_ids=[1], turn=2),
+            Request(id="1", prompt="c", prompt_ids=[1], turn=2)]
+    s = _seeds(reqs, 7)
+    assert s[0] == request_seed(7, "1", 0)  # first turns keep the seeds they always had
+    assert len(set(s)) == 3
+
+
+def test_a_turn_after_different_answers_counts_as_diverged():
+    from specbench.core.request import Request, RequestResult
+    from specbench.metrics.results import build_results
+
+    def res(prompt_ids, out, turn):
+        return RequestResult(Request(id="1", prompt="q", prompt_ids=prompt_ids, turn=turn), output_ids=out)
+
+    spec = [res([1, 2], [5, 6], 1), res([1, 2, 5, 6, 3], [7, 8], 2)]
+    base = [res([1, 2], [5, 9], 1), res([1, 2, 5, 9, 3], [7, 8], 2)]  # same turn-2 tokens, other history
+    doc = build_results({"temperature": 0.0}, spec, 1.0, 2, {"tokens_per_s": 1.0}, base)
+    assert [r["first_divergence"] for r in doc["requests"]] == [1, 0]
+    assert doc["outputs_match_baseline"] is False and doc["baseline_match_rate"] == 0.0
 
 
 def test_turns_need_a_chat_template(tmp_path, tiny_dir):
@@ -126,7 +155,7 @@ def test_mt_bench_second_turns_on_the_embedded_target(tmp_path, monkeypatch):
     float32, token-identical to target-only; the second turn's prompt holds the first answer."""
     from specbench.run import run
 
-    cfg = _compose(["method=ngram", "k=3", "max_new_tokens=24", "dtype=float32", "progress=false",
+    cfg = _compose(["method=ngram", "k=3", "max_new_tokens=12", "dtype=float32", "progress=false",
                     "dataset=jsonl", f"dataset.path={MT_BENCH}", "dataset.limit=2", "dataset.turns=2"])
     monkeypatch.chdir(tmp_path)
     doc = run(cfg)

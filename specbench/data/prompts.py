@@ -26,12 +26,12 @@ def builtin_prompts() -> list[Prompt]:
 
 
 def _turns(rec: dict, where: str) -> list[str]:
-    """The user turns of a record: MT-bench `turns` (every one), or `prompt`, or `instruction` (+ `input`)."""
+    """The user turns of a record: MT-bench `turns` (up to the first that is not a string), or `prompt`, or
+    `instruction` (+ `input`)."""
     turns = rec.get("turns")
     if isinstance(turns, list) and turns and isinstance(turns[0], str):
-        if not all(isinstance(t, str) for t in turns):
-            raise UserError(f"{where}: 'turns' must be a list of strings")
-        return list(turns)
+        n = next((i for i, t in enumerate(turns) if not isinstance(t, str)), len(turns))
+        return list(turns[:n])
     if isinstance(rec.get("prompt"), str):
         return [rec["prompt"]]
     if isinstance(rec.get("instruction"), str):

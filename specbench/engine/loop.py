@@ -555,13 +555,15 @@ def check_synthetic_rates(rates, k: int) -> list[float]:
 
 
 def _seeds(requests: list[Request], seed: int) -> list[int]:
-    """Each request's stream seed from (seed, id, n-th request with that id): independent of batch and order."""
+    """Each request's stream seed from (seed, id, n-th request with that id): independent of batch and order. A
+    later turn of a conversation (dataset.turns) has its own stream."""
     seen: dict[str, int] = {}
     out = []
     for r in requests:
-        n = seen.get(r.id, 0)
-        seen[r.id] = n + 1
-        out.append(request_seed(seed, r.id, n))
+        key = r.id if r.turn == 1 else f"{r.id}\x00turn {r.turn}"
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        out.append(request_seed(seed, key, n))
     return out
 
 

@@ -131,7 +131,9 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
     match = rate = None
     greedy = float(config.get("temperature", 0.0)) == 0.0
     if baseline_results is not None and greedy:  # at T > 0 identity is not expected: nothing to report
-        div = [first_divergence(r.output_ids, b.output_ids) for r, b in zip(results, baseline_results)]
+        # a later turn asked after answers that differed from the baseline's (dataset.turns) differs from token 0
+        div = [0 if r.request.prompt_ids != b.request.prompt_ids else first_divergence(r.output_ids, b.output_ids)
+               for r, b in zip(results, baseline_results)]
         rate = sum(d is None for d in div) / len(div) if div else None
         match = all(d is None for d in div)
     cats: dict[str, list[int]] = {}
