@@ -10,5 +10,5 @@ if [ ! -s outputs/regen3/heldout_regen/regen.jsonl ]; then
   python -m specbench.train method=eagle3 data.mode=self_distill "data.paths=[outputs/regen3/heldout_prompts.jsonl]" \
     data.eval_prompts=0 train.steps=0 progress=false out_dir=outputs/regen3/heldout_regen hydra.run.dir=outputs/regen3/heldout_regen
 fi
-FRESH="regen16 regen16" OUT=eagle3_fresh3 SEED=23 TAG=39 W=head11 BASE=head10 STEPS=${STEPS:-750} WALL=${WALL:-2700} \
+FRESH="regen16 regen16" OUT=eagle3_fresh3 SEED=23 TAG=39 W=head11 BASE=head10 STEPS=${STEPS:-600} WALL=${WALL:-2700} \
 exec "$(dirname "$0")/../head_fresh/pipeline.sh"
