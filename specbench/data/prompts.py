@@ -110,11 +110,18 @@ def load_prompts(kind: str, path: str | None = None, limit: int | None = None, n
     return prompts
 
 
+_TEMPLATE = "the tokenizer's chat template (model.chat_template=true and a tokenizer that has one)"
+
+
+def _templated(tokenizer, chat_template: bool) -> bool:
+    return bool(chat_template and getattr(tokenizer, "chat_template", None))
+
+
 def encode_prompt(tokenizer, text: str, chat_template: bool = True, system_prompt: str | None = None,
                   history: tuple[tuple[str, str], ...] = ()) -> list[int]:
     """Token ids of one user turn, wrapped in the tokenizer's chat template with the generation prompt.
     history: the (user, assistant) exchanges before it (a later turn of a conversation; needs the template)."""
-    if chat_template and getattr(tokenizer, "chat_template", None):
+    if _templated(tokenizer, chat_template):
         msgs = [{"role": "system", "content": system_prompt}] if system_prompt else []
         for user, answer in history:
             msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
@@ -122,8 +129,7 @@ def encode_prompt(tokenizer, text: str, chat_template: bool = True, system_promp
         ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
         return list(ids)
     if history:
-        raise UserError("a later turn of a conversation needs the tokenizer's chat template "
-                        "(model.chat_template=true and a tokenizer that has one)")
+        raise UserError(f"a later turn of a conversation needs {_TEMPLATE}")
     return tokenizer.encode(text)
 
 
@@ -136,9 +142,8 @@ def check_turns(prompts: list[Prompt], turns: int, tokenizer, chat_template: boo
     if most < turns:
         raise UserError(f"dataset.turns={turns}: no record of {source} has more than {most} user turn(s) "
                         f"(MT-bench's question.jsonl has 2)")
-    if not (chat_template and getattr(tokenizer, "chat_template", None)):
-        raise UserError(f"dataset.turns={turns} needs the tokenizer's chat template (model.chat_template=true "
-                        f"and a tokenizer that has one)")
+    if not _templated(tokenizer, chat_template):
+        raise UserError(f"dataset.turns={turns} needs {_TEMPLATE}")
 
 
 def to_requests(prompts: list[Prompt], tokenizer, chat_template: bool = True,
