@@ -78,7 +78,7 @@ def test_second_turns_follow_the_runs_own_answers(tmp_path, chat_dir, monkeypatc
     data = write_jsonl(tmp_path / "q.jsonl", [
         {"question_id": 1, "category": "x", "turns": ["the quick brown fox", "one two three"]},
         {"question_id": 2, "category": "y", "turns": ["hello world"]},
-        {"question_id": 3, "category": "x", "turns": ["four five six", "seven eight nine"]},
+        {"question_id": 3, "category": "y", "turns": ["four five six", "seven eight nine"]},
     ])
     cfg = _compose([f"model.path={chat_dir}", "method=draft_model", f"method.drafter.path={chat_dir}", "k=3",
                     "max_new_tokens=12", "batch_size=2", "dtype=float32", "progress=false", "dataset=jsonl",
@@ -102,7 +102,13 @@ def test_second_turns_follow_the_runs_own_answers(tmp_path, chat_dir, monkeypatc
     pt = doc["per_turn"]
     assert list(pt) == ["1", "2"] and pt["1"]["requests"] == 3 and pt["2"]["requests"] == 2
     assert pt["2"]["acceptance"]["num_drafts"] == 6 and pt["2"]["acceptance"]["mean_acceptance_length"] == 4.0
-    assert doc["per_category"]["x"]["requests"] == 4
+    assert doc["per_category"]["x"]["requests"] == 2 and doc["per_category"]["y"]["requests"] == 3
+    # each turn's categories: turn 1 holds x (record 1) and y (records 2, 3); turn 2 one row of each, 3 steps of 4
+    assert {c: e["requests"] for c, e in pt["1"]["per_category"].items()} == {"x": 1, "y": 2}
+    for c in "xy":
+        e = pt["2"]["per_category"][c]
+        assert (e["requests"], e["new_tokens"], e["acceptance"]["num_drafts"]) == (1, 12, 3)
+        assert e["acceptance"]["mean_acceptance_length"] == 4.0
     # the step log runs on across turns: 9 steps numbered 1..9, times rising
     steps = [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps] == list(range(1, 10))

@@ -137,10 +137,11 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
         rate = sum(d is None for d in div) / len(div) if div else None
         match = all(d is None for d in div)
     cats: dict[str, list[int]] = {}
-    turns: dict[str, list[int]] = {}
+    turns: dict[str, dict[str, list[int]]] = {}  # turn -> category -> indices
     for i, r in enumerate(results):
-        cats.setdefault(r.request.category or "default", []).append(i)
-        turns.setdefault(str(r.request.turn), []).append(i)
+        cat = r.request.category or "default"
+        cats.setdefault(cat, []).append(i)
+        turns.setdefault(str(r.request.turn), {}).setdefault(cat, []).append(i)
 
     def cat_entry(idx: list[int]) -> dict:
         rs = [results[i] for i in idx]
@@ -183,8 +184,10 @@ def build_results(config: dict, results: list[RequestResult], wall_s: float, tar
             for r, d in zip(results, div)
         ],
     }
-    if len(turns) > 1:  # dataset.turns > 1: the same entries per user turn ("1", "2", ...)
-        doc["per_turn"] = {t: cat_entry(idx) for t, idx in sorted(turns.items(), key=lambda kv: int(kv[0]))}
+    if len(turns) > 1:  # dataset.turns > 1: the same entries per user turn ("1", "2", ...), each with its categories
+        doc["per_turn"] = {t: {**cat_entry(sorted(i for idx in tc.values() for i in idx)),
+                               "per_category": {c: cat_entry(idx) for c, idx in sorted(tc.items())}}
+                           for t, tc in sorted(turns.items(), key=lambda kv: int(kv[0]))}
     if extra:
         doc.update(extra)
     return doc
