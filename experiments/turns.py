@@ -4,7 +4,7 @@ experiments section 39.
 Folders `r<i>_<n>_<setting>/` (each a results.json of a run with dataset.turns=2 and no per-run baseline), every
 round starting with target-only (`none`): a setting's speedup in a turn is its tokens/s over that turn's requests
 (request-level rates, admission -> last token) divided by the same round's target-only rate for that turn; the
-"both" column uses whole-run tokens/s.
+"both" column uses whole-run tokens/s. Then τ by category within each turn, where results.json has it.
 
     experiments/results/turns/run.sh                         # the runs
     python experiments/turns.py outputs/turns               # the tables
@@ -27,7 +27,10 @@ def _read(path: Path) -> dict:
             "turn_tps": {t: e["tokens_per_s"] for t, e in turns.items()},
             "turn_tau": {t: e["acceptance"]["mean_acceptance_length"] for t, e in turns.items()},
             "turn_pos": {t: e["acceptance"]["per_position"] for t, e in turns.items()},
-            "turn_requests": {t: e["requests"] for t, e in turns.items()}}
+            "turn_requests": {t: e["requests"] for t, e in turns.items()},
+            # τ by category within each turn (results.json from 6451e46 on; {} before)
+            "turn_cat_tau": {t: {c: ce["acceptance"]["mean_acceptance_length"]
+                                 for c, ce in e.get("per_category", {}).items()} for t, e in turns.items()}}
 
 
 def _median(xs: list[float]) -> str:
@@ -61,6 +64,15 @@ def main() -> None:
               "tokens/s by round and turn: " + "; ".join(
                   f"{r}: " + " / ".join(f"{none[r]['turn_tps'][t]:.1f}" for t in turns)
                   for r in sorted(none, key=lambda r: int(r[1:]))))
+
+    for t in turns:  # τ by category per turn, each setting's first round (greedy τ repeats across rounds)
+        firsts = {name: rr[min(rr, key=lambda r: int(r[1:]))]["turn_cat_tau"].get(t, {}) for name, rr in runs.items()}
+        cats = sorted({c for v in firsts.values() for c in v})
+        if not cats:
+            continue
+        print(f"\nτ by category, turn {t}:\n\n| setting | " + " | ".join(cats) + " |\n|---|" + "---:|" * len(cats))
+        for name, v in firsts.items():
+            print(f"| {name} | " + " | ".join(f"{v[c]:.2f}" if v.get(c) is not None else "-" for c in cats) + " |")
 
 
 if __name__ == "__main__":
